@@ -32,7 +32,11 @@ COMMAND_MODULES = (
     "mine.cmd_capture",
     "mine.cmd_analyze",
     "mine.cmd_gen",
+    "mine.cmd_gen_qwen3",
+    "mine.cmd_gen_k3",
+    "mine.cmd_k3",
     "mine.cmd_manifests",
+    "mine.cmd_kernels",
 )
 
 for _name in COMMAND_MODULES:
