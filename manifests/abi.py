@@ -133,7 +133,7 @@ class _Modules:
             return None
 
 
-def _check_layout(path: str, entry: str, declared: list[str], kernel, out: list[Diagnostic]) -> None:
+def check_layout(path: str, entry: str, declared: list[str], kernel, out: list[Diagnostic]) -> None:
     if len(declared) != len(kernel.params):
         out.append(Diagnostic("abi.param-count", f"{path}.params",
                               f"`{entry}` takes {len(kernel.params)} params but the launch declares {len(declared)}"))
@@ -213,7 +213,7 @@ def check_abi(manifest: Any, kernels_dir: str | Path) -> list[Diagnostic]:
                                       f"(it has {', '.join(sorted(cubin.kernels))})"))
                 continue
             declared = list(launch.get("params") or op.get("params") or [])
-            _check_layout(path, entry, declared, kernel, out)
+            check_layout(path, entry, declared, kernel, out)
             _check_packs(path, launch, kernel, out)
             _check_geometry(path, launch, kernel, cubin.sm, vars_max, out)
     return out
