@@ -33,10 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from manifests.diagnostics import Diagnostic
 from manifests.nvinfo import Cubin, CubinError, read_cubin
 
 _POINTER = re.compile(r"^(in|out|inout) (state|buffer<[a-z0-9]+>)$")
@@ -45,16 +45,6 @@ _SCALAR_SIZE = {"i32": 4, "f32": 4, "i64": 8, "u8": 1}
 # Shared memory a block may hold, static + dynamic, per SM major version (bytes).
 _SHARED_LIMIT = {8: 167936, 9: 233472, 10: 233472, 12: 101376}
 TENSORMAP_ALIGN = 64
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    rule: str
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message} [{self.rule}]"
 
 
 def param_size(ptype: str) -> int | None:
@@ -113,7 +103,7 @@ class _Modules:
         mod = self.modules.get(name)
         if not isinstance(mod, Mapping):
             return None
-        source, pin, path = str(mod.get("source", "")), str(mod.get("sha256", "")), f"modules.{name}"
+        source, pin, path = str(mod.get("source", "")), str(mod.get("sha256", "")), f"$.modules.{name}"
         if source.startswith(("hf:", "https:")):
             return None
         file = self.dir / source
@@ -201,7 +191,7 @@ def check_abi(manifest: Any, kernels_dir: str | Path) -> list[Diagnostic]:
         for li, launch in enumerate((op.get("impl") or {}).get("launches") or []):
             if "module" not in launch:
                 continue
-            path = f"ops.{op_name}.impl.launches[{li}]"
+            path = f"$.ops.{op_name}.impl.launches[{li}]"
             cubin = modules.get(launch["module"])
             if cubin is None:
                 continue

@@ -151,30 +151,30 @@ def _launch_of(m, op):
 
 MUTATIONS = {
     "entry": (lambda m: _launch_of(m, "ptrs").update(entry="probe_nothing"),
-              [("abi.entry", "ops.ptrs.impl.launches[0].entry")]),
+              [("abi.entry", "$.ops.ptrs.impl.launches[0].entry")]),
     "count": (lambda m: m["ops"]["ptrs"]["params"].append("i32"),
-              [("abi.param-count", "ops.ptrs.impl.launches[0].params")]),
+              [("abi.param-count", "$.ops.ptrs.impl.launches[0].params")]),
     # i32 where the kernel takes a char: both the size and (for the next param) nothing else
     "size": (lambda m: _launch_of(m, "scalars")["params"].__setitem__(1, "i32"),
-             [("abi.param-size", "ops.scalars.impl.launches[0].params[1]")]),
+             [("abi.param-size", "$.ops.scalars.impl.launches[0].params[1]")]),
     # a 40-byte aggregate declared as 36 bytes: size wrong, and the pointer after it is found
     # at 48 where natural alignment after 8 + 40 would also put it, so only the size is reported
     "bytes": (lambda m: _launch_of(m, "struct40")["params"].__setitem__(1, "bytes<36>"),
-              [("abi.param-size", "ops.struct40.impl.launches[0].params[1]")]),
+              [("abi.param-size", "$.ops.struct40.impl.launches[0].params[1]")]),
     # i64 declared where the kernel has i32 + f32: the kernel's f32 is at 28, not 8-aligned
     "offset": (lambda m: _launch_of(m, "scalars")["params"].__setitem__(4, "i64"),
-               [("abi.param-size", "ops.scalars.impl.launches[0].params[4]"),
-                ("abi.param-offset", "ops.scalars.impl.launches[0].params[4]")]),
+               [("abi.param-size", "$.ops.scalars.impl.launches[0].params[4]"),
+                ("abi.param-offset", "$.ops.scalars.impl.launches[0].params[4]")]),
     "tensormap": (lambda m: _launch_of(m, "tmap")["args"][0]["pack"]["fields"][0].update(at=32),
-                  [("abi.tensormap", "ops.tmap.impl.launches[0].args[0].pack.fields[0]")]),
+                  [("abi.tensormap", "$.ops.tmap.impl.launches[0].args[0].pack.fields[0]")]),
     "block": (lambda m: _launch_of(m, "bounded").update(block=[256, 1, 1]),
-              [("abi.block", "ops.bounded.impl.launches[0].block")]),
+              [("abi.block", "$.ops.bounded.impl.launches[0].block")]),
     "shared": (lambda m: _launch_of(m, "tmap").update(shared_mem={"mul": ["n", 256]}),
-               [("abi.shared-mem", "ops.tmap.impl.launches[0].shared_mem")]),
+               [("abi.shared-mem", "$.ops.tmap.impl.launches[0].shared_mem")]),
     "sha": (lambda m: m["modules"]["probe"].update(sha256="0" * 64),
-            [("abi.sha256", "modules.probe.sha256")]),
+            [("abi.sha256", "$.modules.probe.sha256")]),
     "file": (lambda m: m["modules"]["tma"].update(source="missing.cubin"),
-             [("abi.module-file", "modules.tma")]),
+             [("abi.module-file", "$.modules.tma")]),
 }
 
 
