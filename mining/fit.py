@@ -1,0 +1,221 @@
+"""Fit integer samples to a closed expression set, and say honestly when the data cannot decide.
+
+Why: a launch's grid axes and integer parameters are functions of a few run-time variables
+(tokens first; context length or sequence count where they vary). Generators need those functions,
+not the sampled values. The closed set is
+
+    const c | var | mul(e, c) | ceil_div(e, c) | add(e, e)
+
+and this module searches the shapes a kernel launcher actually produces: c, x, x*c, ceil(x/c),
+ceil(x/c)*m, ceil(x*m/c), x + c, x*a + b, and x1 + x2 for two variables.
+
+Verdicts (`Fit.status`):
+- "fit": every candidate that matches the samples computes the same function on the probe domain
+  (all integers from 1 to the largest sample, and the samples themselves);
+- "underdetermined": two candidates match the samples but disagree somewhere on that domain (both
+  are listed) -- this is how one sample point, or 1-and-2 only, is caught; no count rule needed;
+- "piecewise": no single form fits, but the decode samples (x == 1) and the prefill samples (x > 1)
+  each do (the decode side is only allowed a constant: at x == 1 nothing else is observable);
+- "no_fit": outside the closed set.
+A divisor c of ceil_div is only known to an interval; the canonical c is the one power of two
+inside it (the interval is reported). Not attempted: products of two variables, floor division,
+negative values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Expr = tuple  # ("const", c) | ("var", name) | ("mul", e, c) | ("ceil_div", e, c) | ("add", e, e)
+POW2 = [1 << k for k in range(1, 17)]
+
+
+def render(e: Expr) -> str:
+    kind = e[0]
+    if kind == "const":
+        return str(e[1])
+    if kind == "var":
+        return e[1]
+    if kind in ("mul", "ceil_div"):
+        return f"{kind}({render(e[1])}, {e[2]})"
+    if kind == "add":
+        return f"add({render(e[1])}, {render(e[2])})"
+    if kind == "piecewise":
+        return f"piecewise({e[1]}==1: {render(e[2])}; {e[1]}>1: {render(e[3])})"
+    raise ValueError(f"unknown expression kind {kind!r}")
+
+
+def evaluate(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
+    """Value of `e` for every row of `env` (int64 arrays of equal length)."""
+    kind = e[0]
+    n = len(next(iter(env.values())))
+    if kind == "const":
+        return np.full(n, e[1], np.int64)
+    if kind == "var":
+        return np.asarray(env[e[1]], np.int64)
+    if kind == "mul":
+        return evaluate(e[1], env) * e[2]
+    if kind == "ceil_div":
+        return -(-evaluate(e[1], env) // e[2])
+    if kind == "add":
+        return evaluate(e[1], env) + evaluate(e[2], env)
+    if kind == "piecewise":
+        x = np.asarray(env[e[1]])
+        return np.where(x == 1, evaluate(e[2], env), evaluate(e[3], env))
+    raise ValueError(f"unknown expression kind {kind!r}")
+
+
+@dataclass
+class Fit:
+    status: str                      # fit | underdetermined | piecewise | no_fit
+    expr: Expr | None = None
+    points: int = 0                  # distinct sample points (x values) behind the verdict
+    alternatives: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        if self.status in ("fit", "piecewise"):
+            return render(self.expr)
+        if self.status == "underdetermined":
+            return "underdetermined (" + " | ".join(self.alternatives) + ")"
+        return "no fit"
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "expr": render(self.expr) if self.expr else None,
+                "points": self.points, "alternatives": self.alternatives, "note": self.note}
+
+
+def _interval_ceil_div(x: np.ndarray, v: np.ndarray) -> tuple[int, float] | None:
+    """Integers c >= 1 with ceil(x / c) == v for all samples, as [lo, hi] (hi may be inf)."""
+    if (v < 1).any() or (x < 1).any():
+        return None
+    lo = int(np.max(-(-x // v)))
+    big = v > 1
+    hi = float(np.min((x[big] - 1) // (v[big] - 1))) if big.any() else float("inf")
+    return (lo, hi) if lo <= hi else None
+
+
+def _pick(lo: int, hi: float) -> int:
+    for p in [1] + POW2:
+        if lo <= p <= hi:
+            return p
+    return lo
+
+
+def _single_var(name: str, x: np.ndarray, v: np.ndarray) -> list[tuple[Expr, str]]:
+    """Every candidate shape in one variable that reproduces v exactly; (expr, note)."""
+    var = ("var", name)
+    out: list[tuple[Expr, str]] = []
+    if (v == v[0]).all():
+        out.append((("const", int(v[0])), ""))
+        if len(np.unique(x)) >= 2:
+            return out  # constant over several points: a varying form would be degenerate
+    if (v == x).all():
+        out.append((var, ""))
+    pos = x > 0
+    if pos.all():
+        if (v % x == 0).all() and len(set((v // x).tolist())) == 1 and v[0] // x[0] > 1:
+            out.append((("mul", var, int(v[0] // x[0])), ""))
+        iv = _interval_ceil_div(x, v)
+        if iv is not None and iv[1] >= 2:
+            lo, hi = iv
+            c = _pick(max(lo, 2), hi)
+            note = "" if lo == hi else f"divisor in [{lo}, {'inf' if hi == float('inf') else int(hi)}]"
+            if c & (c - 1) and lo != hi:
+                note += "; no power of two inside, smallest taken"
+            out.append((("ceil_div", var, c), note))
+        for c in POW2:
+            q = -(-x // c)
+            if (v % q == 0).all() and len(set((v // q).tolist())) == 1 and v[0] // q[0] > 1:
+                out.append((("mul", ("ceil_div", var, c), int(v[0] // q[0])), ""))
+                break
+        for c in POW2:
+            lo_m = np.floor((v - 1) * c / x) + 1
+            hi_m = np.floor(v * c / x)
+            lo, hi = int(lo_m.max()), int(hi_m.min())
+            if lo <= hi and hi >= 2:
+                m = max(lo, 2)
+                if m % c:  # m a multiple of c is mul(), found above
+                    out.append((("ceil_div", ("mul", var, m), c), ""))
+                break
+    d = v - x
+    if (d == d[0]).all() and d[0] != 0:
+        out.append((("add", var, ("const", int(d[0]))), ""))
+    xs = np.unique(x)
+    if len(xs) >= 2:
+        i, j = np.flatnonzero(x == xs[0])[0], np.flatnonzero(x == xs[-1])[0]
+        num, den = int(v[j] - v[i]), int(x[j] - x[i])
+        if num % den == 0 and num // den > 1:
+            a = num // den
+            b = int(v[i] - a * x[i])
+            if b != 0 and (v == a * x + b).all():
+                out.append((("add", ("mul", var, a), ("const", b)), ""))
+    return out
+
+
+def _probe(samples: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    """Integers 1..4*max (at least 256, capped at 2**17) for the first variable, then the samples.
+
+    Probing past the largest sample is what exposes forms that agree on few points only."""
+    first = samples[names[0]]
+    top = int(min(max(4 * int(first.max()), 256), 1 << 17))
+    grid = np.arange(1, top + 1, dtype=np.int64)
+    env = {}
+    for k, n in enumerate(names):
+        s = samples[n].astype(np.int64)
+        env[n] = np.concatenate([grid if k == 0 else np.ones_like(grid), s])
+    return env
+
+
+def fit(samples: dict[str, np.ndarray] | np.ndarray, values: np.ndarray,
+        var: str = "tokens", piecewise: bool = True) -> Fit:
+    """Fit `values` as a function of the sample variables (dict name -> array; first is primary)."""
+    if not isinstance(samples, dict):
+        samples = {var: np.asarray(samples)}
+    names = list(samples)
+    env = {n: np.asarray(a, np.int64) for n, a in samples.items()}
+    v = np.asarray(values, np.int64)
+    if len(v) == 0:
+        return Fit("no_fit", note="no samples")
+    points = len(np.unique(env[names[0]]))
+    cands: list[tuple[Expr, str]] = []
+    for n in names:
+        cands += _single_var(n, env[n], v)
+        if cands:
+            break  # the primary variable explains it; others only when it does not
+    if not cands and len(names) >= 2:
+        for n2 in names[1:]:
+            if (v == env[names[0]] + env[n2]).all():
+                cands.append((("add", ("var", names[0]), ("var", n2)), ""))
+    if not cands:
+        if piecewise and names[0] in samples:
+            pw = _piecewise(names[0], env[names[0]], v)
+            if pw is not None:
+                return pw
+        return Fit("no_fit", points=points, note=f"values {sorted(set(v.tolist()))[:6]}")
+    probe = _probe(env, names)
+    groups: dict[bytes, tuple[Expr, str]] = {}
+    for e, note in cands:
+        key = evaluate(e, probe).tobytes()
+        groups.setdefault(key, (e, note))
+    if len(groups) > 1:
+        alts = [render(e) for e, _ in groups.values()][:4]
+        return Fit("underdetermined", points=points, alternatives=alts,
+                   note=f"{len(alts)} forms fit {points} distinct point(s)")
+    e, note = next(iter(groups.values()))
+    return Fit("fit", expr=e, points=points, note=note)
+
+
+def _piecewise(name: str, x: np.ndarray, v: np.ndarray) -> Fit | None:
+    dec, pre = x == 1, x > 1
+    if not dec.any() or not pre.any() or not (v[dec] == v[dec][0]).all():
+        return None
+    rest = fit({name: x[pre]}, v[pre], piecewise=False)
+    if rest.status != "fit":
+        return None
+    expr = ("piecewise", name, ("const", int(v[dec][0])), rest.expr)
+    return Fit("piecewise", expr=expr, points=len(np.unique(x)),
+               note="decode (x == 1) and prefill (x > 1) differ")
