@@ -5,7 +5,7 @@ name, so the only thing a cut may pass between stages is runtime scratch (worksp
 else a stage needs (weights, states, once/derive setup) it owns itself.
 
 Contract: `cut(manifest, at) -> list[dict]` takes a manifest dict that passes the verifier and
-strictly increasing call indices; every batch ("driven") program is cut at the same indices.
+strictly increasing call indices (it is verified first); every batch ("driven") program is cut at the same indices.
 It returns len(at)+1 stage dicts, each re-verified, or raises `CutRefused` (a ValueError) carrying
 every reason at once. Semantics:
   - a call's accesses are its `buf`/`state` args with the op interface's direction; a buffer
@@ -285,6 +285,10 @@ def _kern_verify(stage: dict) -> list[str]:
 
 def cut(manifest: dict, at: list[int], verify: Callable[[dict], list[str]] | None = None) -> list[dict]:
     at = [int(a) for a in at]
+    check = verify or default_verifier()
+    bad = check(manifest)
+    if bad:
+        raise CutRefused([f"the manifest does not verify: {msg}" for msg in bad])
     why = _preconditions(manifest, at)
     if why:
         raise CutRefused(why)
@@ -295,7 +299,6 @@ def cut(manifest: dict, at: list[int], verify: Callable[[dict], list[str]] | Non
         raise CutRefused(why)
     cid = cut_id(manifest, at)
     stages = [_stage(manifest, at, s, crossing, driven, cid) for s in range(len(at) + 1)]
-    check = verify or default_verifier()
     problems = [f"stage {s}: {msg}" for s, st in enumerate(stages) for msg in check(st)]
     if problems:
         raise CutRefused(problems)

@@ -200,3 +200,18 @@ def test_every_problem_is_collected(base):
     for name in ("entry", "size", "block", "sha"):
         MUTATIONS[name][0](m)
     assert sorted(r for r, _ in _rules(m)) == ["abi.block", "abi.entry", "abi.param-size", "abi.sha256"]
+
+
+def test_cli_reports_findings_with_exit_1(base, tmp_path):
+    import subprocess
+    import sys
+
+    m = copy.deepcopy(base)
+    MUTATIONS["entry"][0](m)
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    res = subprocess.run([sys.executable, "-m", "mine.cli", "abi", str(tmp_path / "m.json"), "--kernels", str(CUBINS)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and "[abi.entry]" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "mine.cli", "abi", str(tmp_path / "m.json"), "--kernels",
+                          str(tmp_path / "none")], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr

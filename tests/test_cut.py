@@ -183,3 +183,29 @@ def test_preconditions(at, reason):
 def test_unknown_label_is_a_lookup_error():
     with pytest.raises(LookupError, match="no call labelled `l9.attn`"):
         resolve_labels(layered(), ["l9.attn"])
+
+
+def _mine(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "mine.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_writes_stages_by_label_and_refuses_in_one_sentence(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps(layered()))
+    res = _mine("cut", "m.json", "--at", "l1.attn", "--at", "7", "--out", "stages", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    stages = [json.loads((tmp_path / "stages" / f"stage{s}.json").read_text()) for s in range(3)]
+    assert stages == cut(layered(), [3, 7])
+    bad = layered()
+    bad["buffers"]["h"]["kind"] = "carry"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    res = _mine("cut", "bad.json", "--at", "3", "--out", "x", cwd=tmp_path)
+    assert res.returncode == 2 and "manifest cannot be cut" in res.stderr and "Traceback" not in res.stderr
+    res = _mine("cut", "m.json", "--at", "nolabel", "--out", "x", cwd=tmp_path)
+    assert res.returncode == 2 and "no call labelled `nolabel`" in res.stderr
+
+
+def test_an_unverified_manifest_is_refused_not_crashed():
+    m = layered()
+    m["programs"]["decode"]["calls"][1]["op"] = "missing_op"
+    reasons = _refused(m, [3])
+    assert reasons and all(r.startswith("the manifest does not verify:") for r in reasons)
