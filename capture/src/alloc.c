@@ -1,0 +1,113 @@
+/* alloc.c: is this 8-byte word a pointer, and into what?
+ *
+ * A word passes a cheap plausibility filter (a canonical user-space address) before any call.
+ * Device: one cuPointerGetAttributes call gives memory type, allocation range and the driver's
+ * process-unique BUFFER_ID (a reused address gets a new id). Hits are kept in a small per-thread
+ * cache that every free API (cuMemFree*, cuMemRelease, cuMemUnmap) invalidates through a global
+ * epoch, so the launch path takes no lock. Host: the pointee is copied with process_vm_readv on
+ * our own pid, which returns EFAULT instead of faulting on unmapped memory.
+ * Not checked: whether a word that lands in an allocation really is a pointer (an integer can
+ * alias one); analysis decides that across launches. */
+#include "mc.h"
+
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define PLAUSIBLE(v) ((v) >= 0x10000ull && (v) < 0x800000000000ull)
+#define CACHE_N 16
+
+typedef struct { uint64_t base, size, id; unsigned epoch; } cache_ent_t;
+static __thread cache_ent_t tl_cache[CACHE_N];
+static __thread unsigned tl_next;
+
+int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
+  if (!PLAUSIBLE(v)) return 0;
+  unsigned ep = atomic_load_explicit(&mc_free_epoch, memory_order_acquire) + 1; /* 0 = empty */
+  for (int i = 0; i < CACHE_N; i++) {
+    cache_ent_t *c = &tl_cache[i];
+    if (c->epoch == ep && v - c->base < c->size) {
+      out->base = c->base; out->size = c->size; out->id = c->id;
+      return 1;
+    }
+  }
+  unsigned int mtype = 0;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  unsigned long long id = 0;
+  CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  void *data[4] = {&mtype, &start, &size, &id};
+  /* Unlike the singular query, this one answers "not a CUDA pointer" with zeros and success. */
+  if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)v) != CUDA_SUCCESS) return 0;
+  if ((mtype != CU_MEMORYTYPE_DEVICE && mtype != CU_MEMORYTYPE_UNIFIED) || size == 0) return 0;
+  cache_ent_t *c = &tl_cache[tl_next++ % CACHE_N];
+  c->base = start; c->size = size; c->id = id; c->epoch = ep;
+  out->base = start; out->size = size; out->id = id;
+  return 1;
+}
+
+int mc_host_read(uint64_t v, void *dst, unsigned n) {
+  if (!PLAUSIBLE(v) || n == 0) return 0;
+  struct iovec local = {dst, n}, remote = {(void *)(uintptr_t)v, n};
+  ssize_t r = process_vm_readv(mc_pid, &local, 1, &remote, 1, 0);
+  if (r > 0) return (int)r;
+  /* A read that crosses into an unmapped page fails whole: retry up to the page end. */
+  size_t to_page = 4096 - (v & 4095);
+  if (to_page >= n) return 0;
+  local.iov_len = remote.iov_len = to_page;
+  r = process_vm_readv(mc_pid, &local, 1, &remote, 1, 0);
+  return r > 0 ? (int)r : 0;
+}
+
+void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
+  int nptr = 0, nhost = 0, ntmap = 0;
+  size_t words = size / 8;
+  /* Device pointers first; remember which words were plausible but not device. */
+  unsigned char maybe_host[512];
+  size_t nmaybe = 0;
+  for (size_t w = 0; w < words; w++) {
+    uint64_t v;
+    memcpy(&v, p + 8 * w, 8);
+    if (!PLAUSIBLE(v)) continue;
+    mc_alloc_t a;
+    if (mc_device_alloc(v, &a)) {
+      jb_lit(b, nptr++ ? ",{\"at\":" : ",\"ptrs\":[{\"at\":");
+      jb_u64(b, 8 * w);
+      jb_lit(b, ",\"base\":"); jb_ptr(b, a.base);
+      jb_lit(b, ",\"size\":"); jb_u64(b, a.size);
+      jb_lit(b, ",\"id\":"); jb_u64(b, a.id);
+      jb_lit(b, ",\"off\":"); jb_u64(b, v - a.base);
+      jb_lit(b, "}");
+    } else if (nmaybe < sizeof maybe_host) {
+      maybe_host[nmaybe++] = (unsigned char)(w < 255 ? w : 255);
+    }
+  }
+  if (nptr) jb_lit(b, "]");
+  for (size_t k = 0; k < nmaybe && maybe_host[k] < 255; k++) {
+    size_t w = maybe_host[k];
+    uint64_t v;
+    memcpy(&v, p + 8 * w, 8);
+    unsigned char buf[4096];
+    unsigned want = mc_knobs.host_bytes < sizeof buf ? mc_knobs.host_bytes : sizeof buf;
+    int got = mc_host_read(v, buf, want);
+    if (got <= 0) continue;
+    jb_lit(b, nhost++ ? ",{\"at\":" : ",\"host\":[{\"at\":");
+    jb_u64(b, 8 * w);
+    jb_lit(b, ",\"addr\":"); jb_ptr(b, v);
+    jb_lit(b, ",\"hex\":"); jb_hex(b, buf, (size_t)got);
+    jb_lit(b, "}");
+  }
+  if (nhost) jb_lit(b, "]");
+  if (size >= 128) {
+    for (size_t at = 0; at + 128 <= size; at += 64) {
+      int64_t s = mc_tmap_find(p + at);
+      if (s < 0) continue;
+      jb_lit(b, ntmap++ ? ",{\"at\":" : ",\"tmap\":[{\"at\":");
+      jb_u64(b, at);
+      jb_lit(b, ",\"encode\":"); jb_u64(b, (uint64_t)s);
+      jb_lit(b, "}");
+    }
+    if (ntmap) jb_lit(b, "]");
+  }
+}

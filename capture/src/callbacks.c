@@ -1,0 +1,495 @@
+/* callbacks.c: the CUPTI callback, launch records, graph lifecycle and tensor maps.
+ *
+ * Launches are read at API EXIT: with lazy loading the function only exists after the call,
+ * and the caller's kernelParams / extra buffer are still live. Failed launches are recorded with
+ * their CUresult. Our own driver calls inside a callback are not re-entered (thread flag).
+ * Not recorded: legacy cuLaunch/cuLaunchGrid and cuLaunchCooperativeKernelMultiDevice (gone in
+ * CUDA 13), and kernel nodes added to graphs explicitly (cuGraphAddKernelNode): graphs built
+ * by stream capture are covered, hand-built graphs are not. */
+#include "mc.h"
+
+#include <pthread.h>
+#include <string.h>
+
+static __thread int tl_in_cb;
+
+/* ---- tensor maps: a seqlock-guarded ring the launch path reads without a lock ---- */
+#define TMAP_RING 4096
+typedef struct { atomic_uint ver; int64_t seq; unsigned char bytes[128]; } tmap_t;
+static tmap_t tmaps[TMAP_RING];
+static atomic_uint ntmaps;
+static pthread_mutex_t tmap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int64_t mc_tmap_find(const unsigned char *p) {
+  unsigned n = atomic_load_explicit(&ntmaps, memory_order_acquire);
+  if (n > TMAP_RING) n = TMAP_RING;
+  for (unsigned i = 0; i < n; i++) {
+    unsigned v = atomic_load_explicit(&tmaps[i].ver, memory_order_acquire);
+    if (v == 0 || (v & 1)) continue;
+    if (memcmp(tmaps[i].bytes, p, 128) != 0) continue;
+    int64_t s = tmaps[i].seq;
+    if (atomic_load_explicit(&tmaps[i].ver, memory_order_acquire) == v) return s;
+  }
+  return -1;
+}
+
+static void tmap_remember(const void *map, int64_t seq) {
+  pthread_mutex_lock(&tmap_lock);
+  unsigned i = atomic_load(&ntmaps) % TMAP_RING;
+  tmap_t *t = &tmaps[i];
+  unsigned v = atomic_load(&t->ver); /* even between writes; odd while being written */
+  atomic_store_explicit(&t->ver, v + 1, memory_order_release);
+  memcpy(t->bytes, map, 128);
+  t->seq = seq;
+  atomic_store_explicit(&t->ver, v + 2, memory_order_release);
+  atomic_fetch_add(&ntmaps, 1);
+  pthread_mutex_unlock(&tmap_lock);
+}
+
+static void jb_u64_array(jb_t *b, const void *p, int n, int is64) {
+  jb_lit(b, "[");
+  for (int i = 0; i < n && p; i++) {
+    if (i) jb_lit(b, ",");
+    jb_u64(b, is64 ? ((const uint64_t *)p)[i] : ((const uint32_t *)p)[i]);
+  }
+  jb_lit(b, "]");
+}
+
+static void on_tensormap(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+  if (d->functionReturnValue && *(const CUresult *)d->functionReturnValue != CUDA_SUCCESS) return;
+  const char *api; const void *map; int dtype; unsigned rank; void *global;
+  const cuuint64_t *dims, *strides; const cuuint32_t *box = NULL, *es;
+  int inter, swz, l2, oob;
+  if (cbid == CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled) {
+    const cuTensorMapEncodeTiled_params *p = d->functionParams;
+    api = "cuTensorMapEncodeTiled"; map = p->tensorMap; dtype = p->tensorDataType; rank = p->tensorRank;
+    global = p->globalAddress; dims = p->globalDim; strides = p->globalStrides; box = p->boxDim;
+    es = p->elementStrides; inter = p->interleave; swz = p->swizzle; l2 = p->l2Promotion; oob = p->oobFill;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col) {
+    const cuTensorMapEncodeIm2col_params *p = d->functionParams;
+    api = "cuTensorMapEncodeIm2col"; map = p->tensorMap; dtype = p->tensorDataType; rank = p->tensorRank;
+    global = p->globalAddress; dims = p->globalDim; strides = p->globalStrides;
+    es = p->elementStrides; inter = p->interleave; swz = p->swizzle; l2 = p->l2Promotion; oob = p->oobFill;
+  } else {
+    const cuTensorMapEncodeIm2colWide_params *p = d->functionParams;
+    api = "cuTensorMapEncodeIm2colWide"; map = p->tensorMap; dtype = p->tensorDataType; rank = p->tensorRank;
+    global = p->globalAddress; dims = p->globalDim; strides = p->globalStrides;
+    es = p->elementStrides; inter = p->interleave; swz = p->swizzle; l2 = p->l2Promotion; oob = p->oobFill;
+  }
+  if (!map || rank == 0 || rank > 5) return;
+  jb_t *b = jb_thread();
+  if (!b) return;
+  jb_lit(b, "\"t_ns\":"); jb_u64(b, mc_now_ns());
+  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
+  jb_lit(b, ",\"api\":"); jb_str(b, api);
+  jb_lit(b, ",\"map\":"); jb_ptr(b, (uintptr_t)map);
+  jb_lit(b, ",\"hex\":"); jb_hex(b, map, 128);
+  jb_lit(b, ",\"dtype\":"); jb_i64(b, dtype);
+  jb_lit(b, ",\"rank\":"); jb_u64(b, rank);
+  jb_lit(b, ",\"global\":"); jb_ptr(b, (uintptr_t)global);
+  jb_lit(b, ",\"dims\":"); jb_u64_array(b, dims, (int)rank, 1);
+  jb_lit(b, ",\"strides\":"); jb_u64_array(b, strides, (int)rank - 1, 1);
+  jb_lit(b, ",\"box\":"); jb_u64_array(b, box, box ? (int)rank : 0, 0);
+  jb_lit(b, ",\"elem_strides\":"); jb_u64_array(b, es, (int)rank, 0);
+  jb_lit(b, ",\"interleave\":"); jb_i64(b, inter);
+  jb_lit(b, ",\"swizzle\":"); jb_i64(b, swz);
+  jb_lit(b, ",\"l2\":"); jb_i64(b, l2);
+  jb_lit(b, ",\"oob\":"); jb_i64(b, oob);
+  mc_alloc_t a;
+  jb_lit(b, ",\"ptr\":");
+  if (mc_device_alloc((uintptr_t)global, &a)) {
+    jb_lit(b, "{\"base\":"); jb_ptr(b, a.base);
+    jb_lit(b, ",\"size\":"); jb_u64(b, a.size);
+    jb_lit(b, ",\"id\":"); jb_u64(b, a.id);
+    jb_lit(b, ",\"off\":"); jb_u64(b, (uintptr_t)global - a.base);
+    jb_lit(b, "}");
+  } else jb_lit(b, "null");
+  int64_t seq = mc_write_record(MC_F_TENSORMAPS, b, 1);
+  if (seq >= 0) tmap_remember(map, seq);
+}
+
+/* ---- stream captures in flight ---- */
+#define NCAP 256
+typedef struct { CUstream stream; uint64_t id; int64_t first, last; int active; } capture_t;
+static capture_t caps[NCAP];
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture_note_launch(uint64_t id, int64_t seq) {
+  pthread_mutex_lock(&cap_lock);
+  for (int i = 0; i < NCAP; i++)
+    if (caps[i].active && caps[i].id == id) {
+      if (caps[i].first < 0) caps[i].first = seq;
+      caps[i].last = seq;
+    }
+  pthread_mutex_unlock(&cap_lock);
+}
+
+enum { G_STREAM = 1, G_GRAPH = 2, G_EXEC = 4, G_CAPID = 8, G_SEQS = 16, G_NODES = 32 };
+static void graph_line(const char *ev, int has, CUstream s, CUgraph g, CUgraphExec x, uint64_t capid,
+                       int64_t first, int64_t last, size_t nodes) {
+  jb_t *b = jb_thread();
+  if (!b) return;
+  jb_lit(b, "\"event\":"); jb_str(b, ev);
+  jb_lit(b, ",\"t_ns\":"); jb_u64(b, mc_now_ns());
+  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
+  if (has & G_STREAM) { jb_lit(b, ",\"stream\":"); jb_ptr(b, (uintptr_t)s); }
+  if (has & G_GRAPH) { jb_lit(b, ",\"graph\":"); jb_ptr(b, (uintptr_t)g); }
+  if (has & G_EXEC) { jb_lit(b, ",\"exec\":"); jb_ptr(b, (uintptr_t)x); }
+  if (has & G_CAPID) { jb_lit(b, ",\"capture_id\":"); jb_u64(b, capid); }
+  if (has & G_SEQS) {
+    jb_lit(b, ",\"seq_first\":"); if (first >= 0) jb_i64(b, first); else jb_lit(b, "null");
+    jb_lit(b, ",\"seq_last\":"); if (last >= 0) jb_i64(b, last); else jb_lit(b, "null");
+  }
+  if (has & G_NODES) { jb_lit(b, ",\"nodes\":"); jb_u64(b, nodes); }
+  mc_write_record(MC_F_GRAPHS, b, 0);
+}
+
+static int is_ptsz(CUpti_CallbackId c) {
+  return c == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz || c == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz ||
+         c == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz ||
+         c == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz ||
+         c == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz ||
+         c == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz ||
+         c == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz || c == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz;
+}
+
+static CUstream norm_stream(CUpti_CallbackId cbid, CUstream s) {
+  return (s == NULL && is_ptsz(cbid)) ? CU_STREAM_PER_THREAD : s;
+}
+
+static void on_graph(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+  CUresult rc = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz: {
+    if (rc != CUDA_SUCCESS) return;
+    CUstream s = norm_stream(cbid, *(CUstream const *)d->functionParams); /* hStream comes first */
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    CUgraph g = NULL;
+    if (MC_CU(cuStreamGetCaptureInfo, s, &st, &id, &g, NULL, NULL, NULL) != CUDA_SUCCESS) return;
+    pthread_mutex_lock(&cap_lock);
+    for (int i = 0; i < NCAP; i++)
+      if (!caps[i].active) { caps[i] = (capture_t){s, id, -1, -1, 1}; break; }
+    pthread_mutex_unlock(&cap_lock);
+    atomic_fetch_add(&mc_capturing, 1);
+    graph_line("capture_begin", G_STREAM | G_GRAPH | G_CAPID, s, g, NULL, id, -1, -1, 0);
+    return;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
+  case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz: {
+    const cuStreamEndCapture_params *p = d->functionParams;
+    CUstream s = norm_stream(cbid, p->hStream);
+    CUgraph g = (rc == CUDA_SUCCESS && p->phGraph) ? *p->phGraph : NULL;
+    capture_t c = {0};
+    int found = 0;
+    pthread_mutex_lock(&cap_lock);
+    for (int i = 0; i < NCAP; i++)
+      if (caps[i].active && caps[i].stream == s) { c = caps[i]; caps[i].active = 0; found = 1; break; }
+    pthread_mutex_unlock(&cap_lock);
+    if (!found) return;
+    atomic_fetch_sub(&mc_capturing, 1);
+    size_t nodes = 0;
+    int has = G_STREAM | G_GRAPH | G_CAPID | G_SEQS;
+    if (g && MC_CU(cuGraphGetNodes, g, NULL, &nodes) == CUDA_SUCCESS) has |= G_NODES;
+    graph_line("capture_end", has, s, g, NULL, c.id, c.first, c.last, nodes);
+    return;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz: {
+    if (rc != CUDA_SUCCESS) return;
+    const cuGraphInstantiateWithFlags_params *p = d->functionParams; /* same first two fields */
+    graph_line("instantiate", G_GRAPH | G_EXEC, NULL, p->hGraph, p->phGraphExec ? *p->phGraphExec : NULL,
+               0, -1, -1, 0);
+    return;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz: {
+    const cuGraphLaunch_params *p = d->functionParams;
+    graph_line("launch", G_STREAM | G_EXEC, norm_stream(cbid, p->hStream), NULL, p->hGraph, 0, -1, -1, 0);
+    return;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy:
+    graph_line("exec_destroy", G_EXEC, NULL, NULL, ((const cuGraphExecDestroy_params *)d->functionParams)->hGraphExec,
+               0, -1, -1, 0);
+    return;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy:
+    graph_line("graph_destroy", G_GRAPH, NULL, ((const cuGraphDestroy_params *)d->functionParams)->hGraph, NULL,
+               0, -1, -1, 0);
+    return;
+  }
+}
+
+/* ---- launches ---- */
+static void launch_attrs(jb_t *b, const CUlaunchConfig *cfg) {
+  jb_lit(b, ",\"launch_attrs\":{");
+  for (unsigned i = 0; cfg && cfg->attrs && i < cfg->numAttrs && i < 64; i++) {
+    const CUlaunchAttribute *a = &cfg->attrs[i];
+    const CUlaunchAttributeValue *v = &a->value;
+    if (i) jb_lit(b, ",");
+    switch (a->id) {
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+      jb_raw(b, a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? "\"cluster\":[" : "\"preferred_cluster\":[",
+             a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? 11 : 21);
+      jb_u64(b, v->clusterDim.x); jb_lit(b, ","); jb_u64(b, v->clusterDim.y); jb_lit(b, ",");
+      jb_u64(b, v->clusterDim.z); jb_lit(b, "]");
+      break;
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      jb_lit(b, "\"cluster_scheduling\":"); jb_i64(b, v->clusterSchedulingPolicyPreference); break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+      jb_lit(b, "\"pdl\":"); jb_i64(b, v->programmaticStreamSerializationAllowed); break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
+      jb_lit(b, "\"pdl_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->programmaticEvent.event);
+      jb_lit(b, ",\"flags\":"); jb_i64(b, v->programmaticEvent.flags);
+      jb_lit(b, ",\"trigger_at_block_start\":"); jb_i64(b, v->programmaticEvent.triggerAtBlockStart);
+      jb_lit(b, "}"); break;
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY: jb_lit(b, "\"priority\":"); jb_i64(b, v->priority); break;
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: jb_lit(b, "\"cooperative\":"); jb_i64(b, v->cooperative); break;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      jb_lit(b, "\"mem_sync_domain\":"); jb_i64(b, v->memSyncDomain); break;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+      jb_lit(b, "\"mem_sync_domain_map\":["); jb_u64(b, v->memSyncDomainMap.default_); jb_lit(b, ",");
+      jb_u64(b, v->memSyncDomainMap.remote); jb_lit(b, "]"); break;
+    case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+      jb_lit(b, "\"completion_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->launchCompletionEvent.event);
+      jb_lit(b, ",\"flags\":"); jb_i64(b, v->launchCompletionEvent.flags); jb_lit(b, "}"); break;
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      jb_lit(b, "\"smem_carveout\":"); jb_u64(b, v->sharedMemCarveout); break;
+    default: /* a newer attribute: its id and raw value, so nothing is lost */
+      jb_lit(b, "\"attr_"); jb_u64(b, a->id); jb_lit(b, "\":"); jb_hex(b, v, sizeof *v); break;
+    }
+  }
+  jb_lit(b, "}");
+}
+
+static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+  const char *api;
+  CUfunction f;
+  unsigned g[3], bl[3], smem;
+  CUstream stream;
+  void **kp, **extra = NULL;
+  const CUlaunchConfig *cfg = NULL;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
+    const cuLaunchKernel_params *p = d->functionParams;
+    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ? "cuLaunchKernel" : "cuLaunchKernel_ptsz";
+    f = p->f; g[0] = p->gridDimX; g[1] = p->gridDimY; g[2] = p->gridDimZ;
+    bl[0] = p->blockDimX; bl[1] = p->blockDimY; bl[2] = p->blockDimZ; smem = p->sharedMemBytes;
+    stream = p->hStream; kp = p->kernelParams; extra = p->extra;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
+    const cuLaunchCooperativeKernel_params *p = d->functionParams;
+    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel ? "cuLaunchCooperativeKernel"
+                                                                      : "cuLaunchCooperativeKernel_ptsz";
+    f = p->f; g[0] = p->gridDimX; g[1] = p->gridDimY; g[2] = p->gridDimZ;
+    bl[0] = p->blockDimX; bl[1] = p->blockDimY; bl[2] = p->blockDimZ; smem = p->sharedMemBytes;
+    stream = p->hStream; kp = p->kernelParams;
+    break;
+  }
+  default: {
+    const cuLaunchKernelEx_params *p = d->functionParams;
+    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx ? "cuLaunchKernelEx" : "cuLaunchKernelEx_ptsz";
+    cfg = p->config;
+    if (!cfg) return;
+    f = p->f; g[0] = cfg->gridDimX; g[1] = cfg->gridDimY; g[2] = cfg->gridDimZ;
+    bl[0] = cfg->blockDimX; bl[1] = cfg->blockDimY; bl[2] = cfg->blockDimZ; smem = cfg->sharedMemBytes;
+    stream = cfg->hStream; kp = p->kernelParams; extra = p->extra;
+    break;
+  }
+  }
+  atomic_fetch_add_explicit(&mc_cnt.launches, 1, memory_order_relaxed);
+  CUresult result = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
+  CUcontext ctx = d->context;
+  const mc_entry_t *e = mc_layout_get((void *)f, ctx, d->symbolName);
+  if (!e) return;
+  if (!e->record) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_FILTERED], 1); return; }
+  if (mc_knobs.skip && atomic_fetch_add(&mc_cnt.eligible, 1) < mc_knobs.skip) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_SKIP], 1);
+    return;
+  }
+  if (mc_knobs.max_launches &&
+      atomic_load_explicit(&mc_cnt.launches_recorded, memory_order_relaxed) >= mc_knobs.max_launches) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_LAUNCHES], 1);
+    return;
+  }
+  stream = norm_stream(cbid, stream);
+
+  int in_graph = 0;
+  cuuint64_t capid = 0;
+  CUgraph graph = NULL;
+  if (atomic_load_explicit(&mc_capturing, memory_order_relaxed) > 0) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (MC_CU_ANSWER(cuStreamGetCaptureInfo, stream, &st, &capid, &graph, NULL, NULL, NULL) == CUDA_SUCCESS &&
+        st == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+      in_graph = 1;
+  }
+
+  jb_t *b = jb_thread();
+  if (!b) return;
+  jb_lit(b, "\"t_ns\":"); jb_u64(b, mc_now_ns());
+  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
+  jb_lit(b, ",\"dev\":"); jb_i64(b, mc_ctx_device(ctx));
+  jb_lit(b, ",\"ctx\":"); jb_ptr(b, (uintptr_t)ctx);
+  jb_lit(b, ",\"stream\":"); jb_ptr(b, (uintptr_t)stream);
+  jb_lit(b, ",\"api\":\""); jb_raw(b, api, strlen(api));
+  jb_lit(b, "\",\"result\":"); jb_i64(b, result);
+  jb_lit(b, ",\"graph\":");
+  if (in_graph) {
+    jb_lit(b, "{\"graph\":"); jb_ptr(b, (uintptr_t)graph);
+    jb_lit(b, ",\"capture_id\":"); jb_u64(b, capid); jb_lit(b, "}");
+  } else jb_lit(b, "null");
+  jb_raw(b, e->frag, e->frag_n);
+  jb_lit(b, ",\"grid\":["); jb_u64(b, g[0]); jb_lit(b, ","); jb_u64(b, g[1]); jb_lit(b, ","); jb_u64(b, g[2]);
+  jb_lit(b, "],\"block\":["); jb_u64(b, bl[0]); jb_lit(b, ","); jb_u64(b, bl[1]); jb_lit(b, ","); jb_u64(b, bl[2]);
+  jb_lit(b, "],\"smem\":"); jb_u64(b, smem);
+  launch_attrs(b, cfg);
+
+  /* Packed `extra`: find the buffer and its size. */
+  const unsigned char *xbuf = NULL;
+  size_t xsize = 0;
+  int packed = 0;
+  if (!kp && extra) {
+    packed = 1;
+    for (int i = 0; i < 32 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) xsize = *(const size_t *)extra[i + 1];
+    }
+    if (!xbuf) xsize = 0;
+  }
+  jb_raw(b, packed ? ",\"packing\":\"extra\",\"layout\":\"" : ",\"packing\":\"params\",\"layout\":\"",
+         packed ? 30 : 31);
+  jb_raw(b, e->layout_src, strlen(e->layout_src));
+  jb_lit(b, "\",\"params\":[");
+  if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
+  for (int i = 0; i < e->nparams; i++) {
+    const unsigned char *src = NULL;
+    size_t sz = e->size[i];
+    if (packed) { if (xbuf && (size_t)e->off[i] + sz <= xsize) src = xbuf + e->off[i]; }
+    else if (kp) src = kp[i];
+    if (i) jb_lit(b, ",");
+    jb_lit(b, "{\"i\":"); jb_u64(b, (uint64_t)i);
+    jb_lit(b, ",\"off\":"); jb_u64(b, e->off[i]);
+    jb_lit(b, ",\"size\":"); jb_u64(b, sz);
+    jb_lit(b, ",\"hex\":");
+    if (src) { jb_hex(b, src, sz); mc_classify_words(b, src, sz); }
+    else jb_lit(b, "\"\"");
+    jb_lit(b, "}");
+  }
+  jb_lit(b, "]");
+  if (packed && e->nparams < 0 && xbuf) { jb_lit(b, ",\"extra_hex\":"); jb_hex(b, xbuf, xsize); }
+  int64_t seq = mc_write_record(MC_F_LAUNCHES, b, 1);
+  if (seq >= 0) {
+    atomic_fetch_add_explicit(&mc_cnt.launches_recorded, 1, memory_order_relaxed);
+    if (in_graph) capture_note_launch(capid, seq);
+  }
+}
+
+void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *cbdata) {
+  (void)ud;
+  if (atomic_load_explicit(&mc_off, memory_order_relaxed)) return;
+  if (dom == CUPTI_CB_DOMAIN_RESOURCE) {
+    const CUpti_ResourceData *r = cbdata;
+    if (cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED || cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING) {
+      const CUpti_ModuleResourceData *m = r->resourceDescriptor;
+      if (!m) return;
+      if (cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED) {
+        if (m->pCubin && m->cubinSize) mc_module_loaded(r->context, m->moduleId, m->pCubin, m->cubinSize);
+      } else mc_module_unloading(r->context, m->moduleId);
+    } else if (cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
+      mc_ctx_device(r->context);
+      mc_meta_write(0);
+    }
+    return;
+  }
+  if (dom != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  const CUpti_CallbackData *d = cbdata;
+  if (d->callbackSite != CUPTI_API_EXIT || tl_in_cb) return;
+  tl_in_cb = 1;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+    on_launch(cbid, d);
+    break;
+  case CUPTI_DRIVER_TRACE_CBID_cuModuleLoad: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData:
+  case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadDataEx: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadFatBinary:
+  case CUPTI_DRIVER_TRACE_CBID_cuLibraryGetModule: {
+    CUmodule *pm = *(CUmodule *const *)d->functionParams; /* the out-pointer comes first */
+    if (d->functionReturnValue && *(const CUresult *)d->functionReturnValue == CUDA_SUCCESS && pm)
+      mc_module_note_hmod(*pm);
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFree: case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap:
+    atomic_fetch_add_explicit(&mc_free_epoch, 1, memory_order_release);
+    break;
+  case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled: case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col:
+  case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2colWide:
+    on_tensormap(cbid, d);
+    break;
+  default:
+    on_graph(cbid, d);
+    break;
+  }
+  mc_thread_api_done();
+  tl_in_cb = 0;
+}
+
+static const CUpti_CallbackId launch_ids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFree, CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync, CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemRelease, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap,
+    CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled, CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col,
+    CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2colWide,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy, CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy,
+};
+static const CUpti_CallbackId module_ids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuModuleLoad, CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData,
+    CUPTI_DRIVER_TRACE_CBID_cuModuleLoadDataEx, CUPTI_DRIVER_TRACE_CBID_cuModuleLoadFatBinary,
+    CUPTI_DRIVER_TRACE_CBID_cuLibraryGetModule,
+};
+
+int mc_enable_callbacks(CUpti_SubscriberHandle sub) {
+  static const CUpti_CallbackId res[] = {CUPTI_CBID_RESOURCE_MODULE_LOADED, CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING,
+                                         CUPTI_CBID_RESOURCE_CONTEXT_CREATED};
+  for (size_t i = 0; i < sizeof res / sizeof *res; i++)
+    if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_RESOURCE, res[i]) != CUPTI_SUCCESS) return -1;
+  for (size_t i = 0; i < sizeof module_ids / sizeof *module_ids; i++)
+    if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_DRIVER_API, module_ids[i]) != CUPTI_SUCCESS)
+      return -1;
+  if (mc_knobs.modules_only) return 0;
+  for (size_t i = 0; i < sizeof launch_ids / sizeof *launch_ids; i++)
+    if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_DRIVER_API, launch_ids[i]) != CUPTI_SUCCESS)
+      return -1;
+  return 0;
+}
+
+void mc_callbacks_reset_after_fork(void) {
+  pthread_mutex_init(&tmap_lock, NULL);
+  pthread_mutex_init(&cap_lock, NULL);
+  tl_in_cb = 0;
+}

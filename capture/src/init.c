@@ -1,0 +1,311 @@
+/* init.c: InitializeInjection, knobs, driver entry points, meta.json, fork and exit.
+ *
+ * The driver calls InitializeInjection() once per process that has CUDA_INJECTION64_PATH set.
+ * A process that exec()s gets a fresh library and its own pid<N>/ folder; a fork()ed child gets
+ * fresh locks and, at its first record, its own pid<N>/ folder (so forked helpers that never
+ * touch CUDA leave nothing behind). Anything that goes wrong turns capture off with one line
+ * on stderr and leaves the host process running. */
+#include "mc.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+mc_driver_t mc_drv;
+mc_knobs_t mc_knobs;
+mc_counters_t mc_cnt;
+atomic_int mc_off;
+atomic_uint mc_free_epoch;
+atomic_int mc_capturing;
+int mc_pid;
+const char *const mc_fn_names[MC_FN_COUNT] = {
+#define MC_NAME(fn) #fn,
+    MC_DRIVER_FUNCS(MC_NAME) MC_CUPTI_FUNCS(MC_NAME)
+#undef MC_NAME
+};
+const char *const mc_drop_names[MC_DROP_COUNT] = {"filtered", "skip", "max_launches", "max_bytes", "off"};
+
+static char disabled_reason[512];
+static uint64_t start_ns, start_unix_ns;
+static int driver_version;
+static uint32_t cupti_version;
+static atomic_int devices_known;
+static pthread_mutex_t meta_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int tl_tid;
+
+uint64_t mc_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int mc_tid(void) {
+  if (!tl_tid) tl_tid = (int)syscall(SYS_gettid);
+  return tl_tid;
+}
+
+void mc_disable(const char *fmt, ...) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&mc_off, &expected, 1)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(disabled_reason, sizeof disabled_reason, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "[mine-capture] capture off in pid %d: %s\n", mc_pid, disabled_reason);
+  mc_meta_write(1);
+}
+
+void mc_note_error(int fn, int code, int fatal) {
+  static atomic_int logged;
+  atomic_fetch_add(&mc_cnt.errors[fn], 1);
+  if (fatal) { mc_disable("%s failed with code %d", mc_fn_names[fn], code); return; }
+  if (!atomic_exchange(&logged, 1))
+    fprintf(stderr, "[mine-capture] note: %s failed with code %d (counted in meta.json; capture goes on)\n",
+            mc_fn_names[fn], code);
+}
+
+/* ---- context -> device ordinal, lock-free ---- */
+#define NCTX 64
+static struct { _Atomic(uintptr_t) ctx; atomic_int dev; } ctxdev[NCTX];
+
+int mc_ctx_device(CUcontext ctx) {
+  if (!ctx) return -1;
+  for (int i = 0; i < NCTX; i++) {
+    uintptr_t c = atomic_load_explicit(&ctxdev[i].ctx, memory_order_acquire);
+    if (c == (uintptr_t)ctx) return atomic_load_explicit(&ctxdev[i].dev, memory_order_acquire) - 1;
+    if (c == 0) break;
+  }
+  CUcontext cur = NULL;
+  CUdevice dev = -1;
+  if (MC_CU(cuCtxGetCurrent, &cur) != CUDA_SUCCESS || cur != ctx) return -1;
+  if (MC_CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS) return -1;
+  for (int i = 0; i < NCTX; i++) {
+    uintptr_t zero = 0;
+    if (atomic_compare_exchange_strong(&ctxdev[i].ctx, &zero, (uintptr_t)ctx) || zero == (uintptr_t)ctx) {
+      atomic_store_explicit(&ctxdev[i].dev, dev + 1, memory_order_release);
+      break;
+    }
+  }
+  return dev;
+}
+
+/* ---- knobs ---- */
+static uint64_t env_u64(const char *name, uint64_t dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || *end) {
+    fprintf(stderr, "[mine-capture] ignoring %s=%s: not a non-negative integer\n", name, v);
+    return dflt;
+  }
+  return x;
+}
+
+static void read_knobs(void) {
+  const char *dir = getenv("MINE_CAPTURE_DIR");
+  snprintf(mc_knobs.dir, sizeof mc_knobs.dir, "%s", dir && *dir ? dir : "dumped-kernels");
+  const char *inc = getenv("MINE_CAPTURE_INCLUDE"), *exc = getenv("MINE_CAPTURE_EXCLUDE");
+  if (inc && *inc) {
+    snprintf(mc_knobs.include, sizeof mc_knobs.include, "%s", inc);
+    mc_knobs.has_include = regcomp(&mc_knobs.include_re, inc, REG_EXTENDED | REG_NOSUB) == 0;
+    if (!mc_knobs.has_include) fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_INCLUDE: bad regex\n");
+  }
+  if (exc && *exc) {
+    snprintf(mc_knobs.exclude, sizeof mc_knobs.exclude, "%s", exc);
+    mc_knobs.has_exclude = regcomp(&mc_knobs.exclude_re, exc, REG_EXTENDED | REG_NOSUB) == 0;
+    if (!mc_knobs.has_exclude) fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_EXCLUDE: bad regex\n");
+  }
+  mc_knobs.max_launches = env_u64("MINE_CAPTURE_MAX_LAUNCHES", 0);
+  mc_knobs.max_bytes = env_u64("MINE_CAPTURE_MAX_BYTES", 0);
+  mc_knobs.skip = env_u64("MINE_CAPTURE_SKIP", 0);
+  mc_knobs.modules_only = env_u64("MINE_CAPTURE_MODULES_ONLY", 0) != 0;
+  mc_knobs.host_bytes = (unsigned)env_u64("MINE_CAPTURE_HOST_BYTES", 64);
+  if (mc_knobs.host_bytes > 4096) mc_knobs.host_bytes = 4096;
+}
+
+/* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
+typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+static int resolve_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) return -1;
+  getproc_fn gp = (getproc_fn)dlsym(lib, "cuGetProcAddress_v2");
+  if (!gp) return -1;
+#define MC_RESOLVE(fn)                                                                     \
+  {                                                                                        \
+    void *p = NULL;                                                                        \
+    CUdriverProcAddressQueryResult q;                                                      \
+    if (gp(#fn, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&      \
+        q == CU_GET_PROC_ADDRESS_SUCCESS)                                                  \
+      mc_drv.fn = (__typeof__(mc_drv.fn))p;                                                \
+  }
+  MC_DRIVER_FUNCS(MC_RESOLVE)
+#undef MC_RESOLVE
+  return 0;
+}
+
+/* ---- meta.json ---- */
+static void json_devices(jb_t *b) {
+  int n = 0;
+  jb_lit(b, ",\"devices\":[");
+  if (atomic_load(&devices_known) && MC_CU(cuDeviceGetCount, &n) == CUDA_SUCCESS) {
+    for (int i = 0; i < n; i++) {
+      CUdevice d;
+      if (MC_CU(cuDeviceGet, &d, i) != CUDA_SUCCESS) continue;
+      char name[256] = "";
+      int maj = 0, min = 0, sms = 0;
+      size_t mem = 0;
+      CUuuid u;
+      memset(&u, 0, sizeof u);
+      MC_CU(cuDeviceGetName, name, sizeof name, d);
+      MC_CU(cuDeviceGetAttribute, &maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d);
+      MC_CU(cuDeviceGetAttribute, &min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d);
+      MC_CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);
+      MC_CU(cuDeviceTotalMem, &mem, d);
+      MC_CU(cuDeviceGetUuid, &u, d);
+      if (i) jb_lit(b, ",");
+      jb_lit(b, "{\"ordinal\":"); jb_u64(b, (uint64_t)i);
+      jb_lit(b, ",\"name\":"); jb_str(b, name);
+      jb_lit(b, ",\"cc\":["); jb_u64(b, (uint64_t)maj); jb_lit(b, ","); jb_u64(b, (uint64_t)min);
+      jb_lit(b, "],\"uuid\":"); jb_hex(b, u.bytes, 16);
+      jb_lit(b, ",\"sm_count\":"); jb_u64(b, (uint64_t)sms);
+      jb_lit(b, ",\"total_mem\":"); jb_u64(b, mem);
+      jb_lit(b, "}");
+    }
+  }
+  jb_lit(b, "]");
+}
+
+static void json_argv(jb_t *b) {
+  char buf[65536];
+  jb_lit(b, ",\"argv\":[");
+  FILE *f = fopen("/proc/self/cmdline", "re");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[n] = 0;
+  for (size_t i = 0; i < n;) {
+    if (i) jb_lit(b, ",");
+    jb_str(b, buf + i);
+    i += strlen(buf + i) + 1;
+  }
+  jb_lit(b, "]");
+}
+
+void mc_meta_write(int final) {
+  if (!mc_pid_dir()[0]) return;
+  if (!final && !atomic_load(&devices_known)) {
+    /* devices can be asked once a context exists (cuInit is still running at injection) */
+    CUcontext c = NULL;
+    if (mc_drv.cuCtxGetCurrent && mc_drv.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) atomic_store(&devices_known, 1);
+  }
+  pthread_mutex_lock(&meta_lock);
+  jb_t b = {0};
+  jb_lit(&b, "{\"format_version\":1,\"pid\":"); jb_u64(&b, (uint64_t)mc_pid);
+  jb_lit(&b, ",\"ppid\":"); jb_u64(&b, (uint64_t)getppid());
+  json_argv(&b);
+  jb_lit(&b, ",\"start_ns\":"); jb_u64(&b, start_ns);
+  jb_lit(&b, ",\"start_unix_ns\":"); jb_u64(&b, start_unix_ns);
+  jb_lit(&b, ",\"driver_version\":"); jb_i64(&b, driver_version);
+  jb_lit(&b, ",\"cupti_version\":"); jb_u64(&b, cupti_version);
+  json_devices(&b);
+  jb_lit(&b, ",\"options\":{\"dir\":"); jb_str(&b, mc_knobs.dir);
+  jb_lit(&b, ",\"include\":"); if (mc_knobs.has_include) jb_str(&b, mc_knobs.include); else jb_lit(&b, "null");
+  jb_lit(&b, ",\"exclude\":"); if (mc_knobs.has_exclude) jb_str(&b, mc_knobs.exclude); else jb_lit(&b, "null");
+  jb_lit(&b, ",\"max_launches\":"); jb_u64(&b, mc_knobs.max_launches);
+  jb_lit(&b, ",\"max_bytes\":"); jb_u64(&b, mc_knobs.max_bytes);
+  jb_lit(&b, ",\"skip\":"); jb_u64(&b, mc_knobs.skip);
+  jb_lit(&b, ",\"modules_only\":"); jb_u64(&b, (uint64_t)mc_knobs.modules_only);
+  jb_lit(&b, ",\"host_bytes\":"); jb_u64(&b, mc_knobs.host_bytes);
+  jb_lit(&b, "}");
+  if (final) {
+    jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
+    jb_lit(&b, ",\"launches_recorded\":"); jb_u64(&b, mc_cnt.launches_recorded);
+    jb_lit(&b, ",\"modules\":"); jb_u64(&b, mc_cnt.modules);
+    jb_lit(&b, ",\"cubin_bytes\":"); jb_u64(&b, mc_cnt.cubin_bytes);
+    jb_lit(&b, ",\"no_layout\":"); jb_u64(&b, mc_cnt.no_layout);
+    jb_lit(&b, ",\"dropped\":{");
+    for (int i = 0; i < MC_DROP_COUNT; i++) {
+      if (i) jb_lit(&b, ",");
+      jb_str(&b, mc_drop_names[i]); jb_lit(&b, ":"); jb_u64(&b, mc_cnt.dropped[i]);
+    }
+    jb_lit(&b, "},\"errors\":{");
+    int first = 1;
+    for (int i = 0; i < MC_FN_COUNT; i++) {
+      if (!mc_cnt.errors[i]) continue;
+      if (!first) jb_lit(&b, ",");
+      first = 0;
+      jb_str(&b, mc_fn_names[i]); jb_lit(&b, ":"); jb_u64(&b, mc_cnt.errors[i]);
+    }
+    jb_lit(&b, "}}");
+    if (!atomic_load(&mc_off) || disabled_reason[0]) { jb_lit(&b, ",\"end_ns\":"); jb_u64(&b, mc_now_ns()); }
+  }
+  if (disabled_reason[0]) { jb_lit(&b, ",\"disabled\":"); jb_str(&b, disabled_reason); }
+  jb_lit(&b, "}\n");
+  char path[4400], tmp[4500];
+  snprintf(path, sizeof path, "%s/meta.json", mc_pid_dir());
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "we");
+  if (f) {
+    int ok = fwrite(b.p, 1, b.n, f) == b.n;
+    ok &= fclose(f) == 0;
+    if (ok) rename(tmp, path); else unlink(tmp);
+  }
+  free(b.p);
+  pthread_mutex_unlock(&meta_lock);
+}
+
+/* ---- exit and fork ---- */
+static int files_opened_pid;
+
+static void at_exit(void) {
+  if (files_opened_pid == mc_pid && mc_pid_dir()[0]) mc_meta_write(1);
+}
+
+static void fork_child(void) {
+  mc_pid = getpid();
+  tl_tid = 0;
+  pthread_mutex_init(&meta_lock, NULL);
+  memset(&mc_cnt, 0, sizeof mc_cnt);
+  mc_files_reset_after_fork();
+  mc_layout_reset_after_fork();
+  mc_callbacks_reset_after_fork();
+  files_opened_pid = mc_pid; /* the writer opens pid<N>/ lazily at the first record */
+}
+
+int InitializeInjection(void) __attribute__((visibility("default")));
+int InitializeInjection(void) {
+  static atomic_int once;
+  if (atomic_exchange(&once, 1)) return 1;
+  mc_pid = getpid();
+  start_ns = mc_now_ns();
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  start_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  read_knobs();
+  if (resolve_driver() != 0) {
+    fprintf(stderr, "[mine-capture] capture off in pid %d: the CUDA driver's cuGetProcAddress_v2 was not found\n",
+            mc_pid);
+    atomic_store(&mc_off, 1);
+    return 1;
+  }
+  MC_CU(cuDriverGetVersion, &driver_version);
+  cuptiGetVersion(&cupti_version);
+  if (mc_files_open() != 0) return 1;
+  files_opened_pid = mc_pid;
+  CUpti_SubscriberHandle sub;
+  if (MC_CUPTI_FATAL(cuptiSubscribe, &sub, (CUpti_CallbackFunc)mc_callback, NULL) != CUPTI_SUCCESS) return 1;
+  if (mc_enable_callbacks(sub) != 0) return 1;
+  atexit(at_exit);
+  pthread_atfork(NULL, NULL, fork_child);
+  return 1;
+}

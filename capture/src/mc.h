@@ -1,0 +1,148 @@
+/* mc.h: shared declarations of the mine capture injection library.
+ *
+ * Contract: loaded by the CUDA driver through CUDA_INJECTION64_PATH; writes the dump described in
+ * docs/dump-format.md. The library never links libcuda: every driver entry point is resolved at
+ * run time through cuGetProcAddress, so the .so builds and loads on machines without a driver.
+ * It never aborts the host: a failed CUDA/CUPTI call is counted under its name; calls whose
+ * failure means the capture cannot continue turn capture off with one line on stderr.
+ * Files: init.c (knobs, start, fork, exit), callbacks.c (CUPTI dispatch, launch records),
+ * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
+ * classification), writer.c (JSON building, one write(2) per record, sha256). */
+#ifndef MC_H
+#define MC_H
+
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cupti.h>
+#include <regex.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Driver entry points we call, resolved by name at run time. */
+#define MC_DRIVER_FUNCS(X)                                                                  \
+  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)              \
+  X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuCtxGetDevice)         \
+  X(cuCtxGetCurrent) X(cuFuncGetName) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)           \
+  X(cuFuncGetModule) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetParamInfo)      \
+  X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)
+
+#define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
+  X(cuptiGetVersion) X(write) X(open) X(mkdir)
+
+typedef struct {
+#define MC_DECL(fn) __typeof__(&fn) fn;
+  MC_DRIVER_FUNCS(MC_DECL)
+#undef MC_DECL
+} mc_driver_t;
+extern mc_driver_t mc_drv;
+
+enum {
+#define MC_ENUM(fn) MC_FN_##fn,
+  MC_DRIVER_FUNCS(MC_ENUM) MC_CUPTI_FUNCS(MC_ENUM)
+#undef MC_ENUM
+  MC_FN_COUNT
+};
+extern const char *const mc_fn_names[MC_FN_COUNT];
+
+/* The choke point: every foreign call goes through one of these.
+ * MC_CU: failure is unexpected: counted under the call's name, logged once, capture stays on.
+ * MC_CU_ANSWER: failure is an answer (probing past the last parameter): not counted.
+ * MC_CU_FATAL / MC_CUPTI_FATAL: failure means capture cannot work: counted, capture off. */
+void mc_note_error(int fn, int code, int fatal);
+#define MC_CU(fn, ...) ({ CUresult _r = mc_drv.fn ? mc_drv.fn(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; \
+  if (_r != CUDA_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 0); } _r; })
+#define MC_CU_ANSWER(fn, ...) (mc_drv.fn ? mc_drv.fn(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND)
+#define MC_CU_FATAL(fn, ...) ({ CUresult _r = mc_drv.fn ? mc_drv.fn(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; \
+  if (_r != CUDA_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 1); } _r; })
+#define MC_CUPTI_FATAL(fn, ...) ({ CUptiResult _r = fn(__VA_ARGS__); \
+  if (_r != CUPTI_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 1); } _r; })
+
+/* Knobs (capture/knobs.py lists the same variables with the same defaults). */
+typedef struct {
+  char dir[4096];
+  char include[1024], exclude[1024];
+  regex_t include_re, exclude_re;
+  int has_include, has_exclude;
+  uint64_t max_launches, max_bytes, skip;
+  int modules_only;
+  unsigned host_bytes;
+} mc_knobs_t;
+extern mc_knobs_t mc_knobs;
+
+/* Global state. */
+extern atomic_int mc_off;            /* 1: capture turned itself off */
+extern atomic_uint mc_free_epoch;    /* bumped on every free: invalidates pointer caches */
+extern atomic_int mc_capturing;      /* streams being captured into graphs right now */
+extern int mc_pid;
+enum { MC_DROP_FILTERED, MC_DROP_SKIP, MC_DROP_MAX_LAUNCHES, MC_DROP_MAX_BYTES, MC_DROP_OFF,
+       MC_DROP_COUNT };
+extern const char *const mc_drop_names[MC_DROP_COUNT];
+typedef struct {
+  atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
+  atomic_ullong dropped[MC_DROP_COUNT];
+  atomic_ullong errors[MC_FN_COUNT];
+} mc_counters_t;
+extern mc_counters_t mc_cnt;
+
+void mc_disable(const char *fmt, ...);
+uint64_t mc_now_ns(void);
+int mc_tid(void);
+int mc_ctx_device(CUcontext ctx);
+void mc_meta_write(int final);
+
+/* writer.c: a growable per-thread JSON buffer and the dump files. */
+typedef struct { char *p; size_t n, cap; } jb_t;
+#define JB_SEQ_ROOM 40 /* bytes reserved in front of a record for `{"seq":N,` */
+jb_t *jb_thread(void);                 /* this thread's buffer, emptied, room reserved */
+void jb_need(jb_t *b, size_t more);
+void jb_raw(jb_t *b, const char *s, size_t n);
+#define jb_lit(b, s) jb_raw((b), (s), sizeof(s) - 1)
+void jb_str(jb_t *b, const char *s);   /* JSON string with quotes and escapes */
+void jb_u64(jb_t *b, uint64_t v);
+void jb_i64(jb_t *b, int64_t v);
+void jb_ptr(jb_t *b, uint64_t v);      /* "0x.." */
+void jb_hex(jb_t *b, const void *p, size_t n);
+enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_COUNT };
+int mc_files_open(void);               /* 0 ok; makes DIR/pid<N>/ and opens the files */
+void mc_files_reset_after_fork(void);
+int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
+/* Writes one record: b holds the body after the opening brace, without the closing one.
+ * With seq_file, a per-file sequence number is put in front; returns it (or -1 when dropped). */
+int64_t mc_write_record(int file, jb_t *b, int with_seq);
+int mc_write_file_once(const char *rel, const void *p, size_t n); /* 1 written, 0 existed, -1 err */
+const char *mc_pid_dir(void);
+void mc_sha256_hex(const void *p, size_t n, char out[65]);
+
+/* layout.c */
+typedef struct {
+  void *handle; CUcontext ctx; CUfunction func;
+  int is_kernel;            /* 1 CUkernel, 0 CUfunction, -1 unknown */
+  int record;               /* passes include/exclude */
+  int nparams;              /* -1: layout unknown */
+  const char *layout_src;   /* "kernel" | "function" | "none" */
+  uint32_t *off, *size;
+  char *symbol;             /* mangled, owned */
+  const char *symbol_key;   /* CUPTI's pointer seen when cached */
+  char *frag; size_t frag_n;/* precomputed JSON: "handle".."attrs":{..}, */
+} mc_entry_t;
+const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_symbol);
+void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size);
+void mc_module_unloading(CUcontext ctx, uint32_t id);
+void mc_module_note_hmod(CUmodule hmod); /* after cuModuleLoad*: link hmod to this call's module */
+void mc_thread_api_done(void);           /* forget "modules loaded during this call" */
+void mc_layout_reset_after_fork(void);
+
+/* alloc.c */
+typedef struct { uint64_t base, size, id; } mc_alloc_t;
+int mc_device_alloc(uint64_t v, mc_alloc_t *out);            /* 1 if v is in a live allocation */
+int mc_host_read(uint64_t v, void *dst, unsigned n);          /* bytes read without faulting */
+void mc_classify_words(jb_t *b, const unsigned char *p, size_t size); /* "ptrs"/"host"/"tmap" keys */
+
+/* callbacks.c */
+void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *d);
+int mc_enable_callbacks(CUpti_SubscriberHandle sub);
+int64_t mc_tmap_find(const unsigned char *p128);
+void mc_callbacks_reset_after_fork(void);
+
+#endif
