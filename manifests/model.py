@@ -267,12 +267,19 @@ class ExprT:
             return ctx.constants.get(v, v)
         if isinstance(v, int) and not isinstance(v, bool):
             return U64.parse(v, path, ctx)
-        if isinstance(v, dict) and len(v) == 1:
-            (op, pair), = v.items()
-            if op in EXPR_OPS and isinstance(pair, list) and len(pair) == 2:
-                a = self.parse(pair[0], f"{path}.{op}[0]", ctx)
-                rhs = self if op == "add" else U64
-                return Expr(op, a, rhs.parse(pair[1], f"{path}.{op}[1]", ctx))
+        if isinstance(v, dict):
+            # kern reads expressions as an untagged union whose members ignore extra keys:
+            # the first operator key that parses wins, anything else in the object is dropped.
+            for op in EXPR_OPS:
+                pair = v.get(op)
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    continue
+                try:
+                    a = self.parse(pair[0], f"{path}.{op}[0]", ctx)
+                    rhs = self if op == "add" else U64
+                    return Expr(op, a, rhs.parse(pair[1], f"{path}.{op}[1]", ctx))
+                except ModelError:
+                    continue
         raise ModelError(path, "not an expression (a u64, a var name, or one of "
                          "ceil_div/mul/add over two operands)")
 
@@ -416,14 +423,14 @@ class When:
 @dataclass
 class GemmAlgo:
     id: int = W(I32, required=True)
-    tile: int = W(I32, required=True)
-    stages: int = W(I32, required=True)
+    tile: int = W(U32, required=True)
+    stages: int = W(U32, required=True)
     split_k: int = W(I32, required=True)
-    reduction: int = W(I32, required=True)
-    swizzle: int = W(I32, required=True)
-    custom: int = W(I32, required=True)
-    inner_shape: int = W(I32, required=True)
-    cluster_shape: int = W(I32, required=True)
+    reduction: int = W(U32, required=True)
+    swizzle: int = W(U32, required=True)
+    custom: int = W(U32, required=True)
+    inner_shape: int = W(U32, required=True)
+    cluster_shape: int = W(U32, required=True)
 
 
 @dataclass

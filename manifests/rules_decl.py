@@ -133,8 +133,9 @@ def _shards(s: Scope) -> None:
 def _bound_ok(s: Scope, b, path: str, dtype: str) -> bool:
     if isinstance(b, float):
         if dtype not in FLOATS:
-            s.add("buffer.domain_float_bound", path, f"float bound on a {dtype} buffer")
-        return False
+            s.add("domain.float_bound", path, f"float bound on a {dtype} buffer")
+            return False
+        return True
     if isinstance(b, (str, Expr)):
         s.used_vars |= ex.var_names(b)
         faults = ex.check(b, s.vars)

@@ -1,0 +1,96 @@
+"""Differential test: our verdict (accept/reject) equals kern-llm 0.3.1's on every manifest of
+the corpus -- the base manifests plus every single-edit mutant `mutate.mutants` derives from them.
+
+kern is the oracle: a manifest it rejects raises ValueError ("manifest failed verification");
+one it accepts goes on to load the CUDA driver, which on a machine without a GPU panics (a
+pyo3 PanicException, a BaseException). With a GPU it might load; an empty kernels dir then
+fails on the missing artifact, also after verification, so the verdict reading holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from manifests import jsonload
+from manifests.verify import verify
+from mutate import mutants
+
+kern = pytest.importorskip("kern")
+
+CORPUS = Path(__file__).parent / "manifest_corpus"
+MIN_CORPUS = 5000
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """kern's panic hook prints a backtrace per accepted manifest; keep the test log readable."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def kern_accepts(path: Path, kernels: Path) -> bool:
+    try:
+        kern.Runtime(str(path), str(kernels), [], 0)
+    except ValueError as exc:
+        if "failed verification" in str(exc):
+            return False
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the oracle's "accepted, then no GPU" panic
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return True
+    return True
+
+
+def ours_accepts(text: str) -> bool:
+    try:
+        return not verify(jsonload.loads(text))
+    except ValueError:
+        return False
+
+
+def corpus() -> list[tuple[str, str]]:
+    items = []
+    for base_path in sorted(CORPUS.glob("*.json")):
+        text = base_path.read_text()
+        items.append((f"{base_path.stem}: base", text))
+        items += [(f"{base_path.stem}: {label}", t) for label, t in mutants(json.loads(text))]
+    return items
+
+
+def test_bases_are_accepted_by_both():
+    bases = sorted(CORPUS.glob("*.json"))
+    assert len(bases) >= 4
+    for p in bases:
+        assert verify(json.loads(p.read_text())) == [], p.name
+
+
+def test_verdicts_match_kern(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUST_BACKTRACE", "0")
+    items = corpus()
+    assert len(items) >= MIN_CORPUS, f"corpus shrank to {len(items)} manifests"
+    path = tmp_path / "m.json"
+    disagreements, rejected = [], 0
+    with _quiet_stderr():
+        for label, text in items:
+            path.write_text(text)
+            theirs = kern_accepts(path, tmp_path)
+            rejected += not theirs
+            if theirs != ours_accepts(text):
+                disagreements.append(f"{label}: kern {'accepts' if theirs else 'rejects'}")
+    assert disagreements == [], f"{len(disagreements)} of {len(items)}:\n" + "\n".join(
+        disagreements[:50])
+    # The corpus must exercise both verdicts in bulk, or it proves little.
+    assert rejected > len(items) // 2 and len(items) - rejected > 200
