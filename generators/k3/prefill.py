@@ -116,10 +116,10 @@ def generate(c: K3, kernels, experts: int = 896, chunk: int = 8192, pack: int = 
         calls += render(f"k3_prefill_{kind}.j2", c=c, i=i, T=T, S=S, CTX=CTX, st=st, scale=scale)
         calls += render("k3_res.j2", part="mlp", **res)
         if moe:
-            calls += render("k3_prefill_moe.j2", c=c, i=i, T=T, E=experts, tp=1, sh=c.shared_intermediate_size,
+            calls += render("k3_moe.j2", c=c, i=i, T=T, E=experts, tp=1, sh=c.shared_intermediate_size,
                             first_expert='{"i32": 0}', stride_log2=0)
         else:
-            calls += render("k3_prefill_dense.j2", c=c, i=i, T=T, tp=1, di=c.intermediate_size)
+            calls += render("k3_dense.j2", c=c, i=i, T=T, tp=1, di=c.intermediate_size)
         calls += render("k3_res.j2", part="add", **res)
         load += render("k3_load.j2", c=c, i=i, kind=kind, expand=True, conv_width=c.inner)
         derive += render("k3_derive.j2", c=c, i=i, kind=kind, moe=moe, experts=experts,
