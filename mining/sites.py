@@ -1,0 +1,172 @@
+"""Call sites across forwards, the tokens reference, and the layer structure.
+
+Why: in an eager engine the launch order inside a forward is deterministic, so a *call site* --
+(symbol, occurrence index within the forward) -- is the same piece of model code in every forward.
+Lining sites up across forwards turns each forward into one sample point per site.
+
+- `align`: per symbol, the modal occurrence count over the forwards that launch it; a forward with
+  another count is left out for that symbol only (reported as partial coverage). Forwards come
+  from `passes.py`, whose jitter repair already put stray boundary launches back.
+- `choose_reference`: the token count is not recorded, so a proxy is chosen by the data: every
+  grid axis of a kernel that runs exactly once per forward and varies is tried, and the one under
+  which the fewest sites fail to fit (or stay underdetermined) wins; ties go to more distinct
+  values, then fewer forwards dropped, then the smaller scale.
+- `layer_blocks`: the longest run of a repeating block of symbols inside a forward gives the
+  number of layers N and the sites per layer P (per distinct forward shape; prefill and decode can
+  differ by a kernel). Every site inside the run gets (layer, position).
+Not attempted: nested repetition (e.g. experts inside layers), sites whose order changes between
+forwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mining.fit import fit
+
+GRID = ("grid_x", "grid_y", "grid_z")
+
+
+@dataclass
+class Sites:
+    table: pd.DataFrame      # one row per launch inside a forward: row, seq, forward, symbol, occ, kept, site
+    index: pd.DataFrame      # one row per site: site, symbol, occ, n_forwards, layer, pos
+    partial: pd.DataFrame    # symbol, modal_count, forwards_present, forwards_kept, counts
+
+
+def align(launches: pd.DataFrame, forward: np.ndarray) -> Sites:
+    rows = np.flatnonzero(forward >= 0)
+    t = pd.DataFrame({"row": rows, "seq": launches["seq"].to_numpy()[rows],
+                      "forward": forward[rows],
+                      "symbol": launches["symbol"].to_numpy()[rows]})
+    t["symbol"] = t["symbol"].astype(str)
+    t = t.sort_values(["forward", "seq"], kind="stable", ignore_index=True)
+    t["occ"] = t.groupby(["forward", "symbol"]).cumcount().astype("int32")
+    counts = t.groupby(["symbol", "forward"]).size().rename("n").reset_index()
+    modal = counts.groupby("symbol")["n"].agg(lambda s: int(s.mode().max())).rename("modal")
+    counts = counts.join(modal, on="symbol")
+    counts["ok"] = counts["n"] == counts["modal"]
+    t = t.merge(counts[["symbol", "forward", "ok"]], on=["symbol", "forward"], how="left")
+    t = t.rename(columns={"ok": "kept"})
+    t["site"] = t["symbol"] + "#" + t["occ"].astype(str)
+    kept = t[t["kept"]]
+    idx = kept.groupby("site").agg(symbol=("symbol", "first"), occ=("occ", "first"),
+                                   n_forwards=("forward", "nunique"), first_seq=("seq", "min"))
+    idx = idx.sort_values("first_seq").reset_index()
+    idx["layer"], idx["pos"] = -1, -1
+    g = counts.groupby("symbol")
+    partial = pd.DataFrame({
+        "modal_count": g["modal"].first(), "forwards_present": g.size(),
+        "forwards_kept": g["ok"].sum(),
+        "counts": g["n"].agg(lambda s: sorted(set(s.tolist()))),
+    }).reset_index()
+    partial = partial[partial["forwards_kept"] < partial["forwards_present"]].reset_index(drop=True)
+    t["site"] = t["site"].astype("category")
+    return Sites(t, idx, partial)
+
+
+def site_samples(launches: pd.DataFrame, sites: Sites, cols=GRID) -> dict[str, tuple]:
+    """site -> (forwards, values[n, len(cols)]) over the kept launches."""
+    kept = sites.table[sites.table["kept"]]
+    vals = launches[list(cols)].to_numpy()[kept["row"].to_numpy()]
+    out = {}
+    for site, pos in kept.groupby("site", observed=True).indices.items():
+        out[site] = (kept["forward"].to_numpy()[pos], vals[pos])
+    return out
+
+
+def _score(samples: dict, tokens: pd.Series) -> tuple[int, int]:
+    fails = 0
+    tok = tokens.to_dict()
+    for fwds, vals in samples.values():
+        have = np.array([f in tok for f in fwds])
+        if have.sum() == 0:
+            continue
+        x = np.array([tok[f] for f in fwds[have]])
+        for ax in range(vals.shape[1]):
+            if fit(x, vals[have, ax]).status not in ("fit", "piecewise"):
+                fails += 1
+                break
+    return fails, len(samples)
+
+
+@dataclass
+class Reference:
+    symbol: str | None
+    axis: str | None
+    tokens: pd.Series                  # forward -> tokens (only forwards where the reference ran)
+    candidates: list[dict] = field(default_factory=list)
+
+
+def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int) -> Reference:
+    samples = site_samples(launches, sites)
+    once = sites.index[(sites.index["occ"] == 0)]
+    modal1 = set(sites.partial.loc[sites.partial["modal_count"] != 1, "symbol"])
+    counts = sites.table.groupby("symbol")["occ"].max()
+    cands = []
+    for _, r in once.iterrows():
+        if counts[r["symbol"]] != 0 or r["symbol"] in modal1:
+            continue
+        fwds, vals = samples[r["site"]]
+        for k, ax in enumerate(GRID):
+            if len(np.unique(vals[:, k])) < 2 or (vals[:, k] < 1).any():
+                continue
+            tokens = pd.Series(vals[:, k], index=fwds).sort_index()
+            fails, _ = _score(samples, tokens)
+            cands.append({"symbol": r["symbol"], "axis": ax, "failures": fails,
+                          "distinct": int(tokens.nunique()),
+                          "dropped": int(n_forwards - len(tokens)), "max": int(tokens.max()),
+                          "tokens": tokens})
+    if not cands:
+        return Reference(None, None, pd.Series(dtype="int64"), [])
+    cands.sort(key=lambda c: (c["failures"], -c["distinct"], c["dropped"], c["max"]))
+    best = cands[0]
+    public = [{k: v for k, v in c.items() if k != "tokens"} for c in cands]
+    return Reference(best["symbol"], best["axis"], best["tokens"], public)
+
+
+def find_block(seq: np.ndarray) -> tuple[int, int, int]:
+    """(start, period, repeats) of the longest periodic run in `seq`; repeats 1 if none."""
+    n = len(seq)
+    best = (0, n, 1)
+    best_cov = 0
+    for p in range(1, n // 2 + 1):
+        eq = seq[:-p] == seq[p:]
+        if not eq.any():
+            continue
+        padded = np.concatenate([[False], eq, [False]])
+        d = np.diff(padded.astype(np.int8))
+        starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+        lens = ends - starts
+        k = int(np.argmax(lens))
+        reps = (int(lens[k]) + p) // p
+        if reps >= 2 and reps * p > best_cov:
+            best_cov = reps * p
+            best = (int(starts[k]), p, reps)
+    return best
+
+
+def layer_blocks(sites: Sites) -> list[dict]:
+    """Detect the layer block per distinct forward shape; fills sites.index layer/pos in place."""
+    t = sites.table
+    shapes: dict[tuple, list[int]] = {}
+    for f, grp in t.groupby("forward"):
+        shapes.setdefault(tuple(grp["symbol"]), []).append(int(f))
+    found, where = [], {}
+    for shape, fwds in sorted(shapes.items(), key=lambda kv: -len(kv[1])):
+        codes = pd.factorize(pd.Series(shape))[0]
+        start, period, reps = find_block(codes)
+        found.append({"forwards": len(fwds), "example_forward": fwds[0], "start": start,
+                      "sites_per_layer": period, "layers": reps, "launches": len(shape)})
+        if reps < 2:
+            continue
+        grp = t[t["forward"] == fwds[0]].reset_index(drop=True)
+        for p in range(start, start + period * reps):
+            where.setdefault(str(grp.loc[p, "site"]), ((p - start) // period, (p - start) % period))
+    idx = sites.index
+    idx["layer"] = [where.get(s, (-1, -1))[0] for s in idx["site"]]
+    idx["pos"] = [where.get(s, (-1, -1))[1] for s in idx["site"]]
+    return found
