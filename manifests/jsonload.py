@@ -61,8 +61,8 @@ def load_path(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> object:
         head = fh.read(SNIFF_BYTES)
         start = head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
         if start != b"{":
-            what = "empty" if not head.strip() else "does not start with a JSON object"
-            raise ManifestReadError(f"{p}: not a manifest: the file is {what}")
+            what = "is empty" if not head.strip() else "does not start with a JSON object"
+            raise ManifestReadError(f"{p}: not a manifest: the file {what}")
         if size > max_bytes:
             raise ManifestReadError(
                 f"{p}: not a manifest: {size} bytes is over the {max_bytes}-byte limit"
