@@ -1,0 +1,74 @@
+"""Every environment variable the capture library reads, with its default (one place).
+
+The C library (capture/src/init.c, read_knobs) reads the same names with the same defaults;
+`tests/test_capture_cpu.py` checks that the two lists agree. `mine capture` sets them from its
+options through `knob_env()`. Values are validated here so bad input is one sentence, not a
+silently ignored variable; the C side ignores a malformed value with one stderr line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    env: str
+    default: str  # as the C library sees it when unset ("" = no value)
+    meaning: str
+    kind: str  # "path" | "regex" | "uint" | "bool"
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("MINE_CAPTURE_DIR", "dumped-kernels", "output folder; one pid<N>/ sub-folder per process", "path"),
+    Knob("MINE_CAPTURE_INCLUDE", "", "POSIX extended regex; only symbols matching it are recorded", "regex"),
+    Knob("MINE_CAPTURE_EXCLUDE", "", "POSIX extended regex; symbols matching it are not recorded", "regex"),
+    Knob("MINE_CAPTURE_MAX_LAUNCHES", "0", "per process; 0 = unlimited; past it launches are counted only", "uint"),
+    Knob("MINE_CAPTURE_MAX_BYTES", "0", "per process, all files together; 0 = unlimited", "uint"),
+    Knob("MINE_CAPTURE_SKIP", "0", "do not record the first N launches that pass the filters", "uint"),
+    Knob("MINE_CAPTURE_MODULES_ONLY", "0", "1: record modules and cubins, no launches", "bool"),
+    Knob("MINE_CAPTURE_HOST_BYTES", "64", "bytes copied from a host pointee (at most 4096)", "uint"),
+)
+BY_ENV = {k.env: k for k in KNOBS}
+INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us
+LIBRARY_ENV = "MINE_CAPTURE_LIB"  # launcher only: use this built library instead of the installed one
+
+
+def defaults() -> dict[str, str]:
+    return {k.env: k.default for k in KNOBS}
+
+
+def check_value(env: str, value: str) -> str:
+    """Returns the value as the C library will read it; raises ValueError with one sentence."""
+    knob = BY_ENV.get(env)
+    if knob is None:
+        raise ValueError(f"{env} is not a capture knob; known: {', '.join(BY_ENV)}.")
+    value = str(value)
+    if knob.kind == "uint" and not value.isdigit():
+        raise ValueError(f"{env} must be a non-negative integer, got {value!r}.")
+    if knob.kind == "bool":
+        if value.lower() in ("1", "true", "yes", "on"):
+            return "1"
+        if value.lower() in ("0", "false", "no", "off", ""):
+            return "0"
+        raise ValueError(f"{env} must be 0 or 1, got {value!r}.")
+    if knob.kind == "regex" and value:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{env} is not a valid regular expression ({exc}).") from None
+    if knob.kind == "uint" and env == "MINE_CAPTURE_HOST_BYTES" and int(value) > 4096:
+        raise ValueError(f"{env} must be at most 4096, got {value}.")
+    return value
+
+
+def knob_env(**values) -> dict[str, str]:
+    """`knob_env(dir="out", max_launches=100)` -> the environment variables to set."""
+    env = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        name = "MINE_CAPTURE_" + key.upper()
+        env[name] = check_value(name, value)
+    return env

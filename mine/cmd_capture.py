@@ -1,0 +1,51 @@
+"""`mine capture [OPTIONS] -- CMD ARGS...`: run CMD with the capture library injected.
+
+A thin layer over `capture.launcher`; the exit code is CMD's. Bad input (no `--`, no command,
+command not found, output folder that is a file) is one sentence and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+
+def capture(
+    ctx: typer.Context,
+    out: Path = typer.Option(Path("dumped-kernels"), "--out", "-o", help="dump folder (MINE_CAPTURE_DIR)"),
+    include: str = typer.Option(None, help="only record symbols matching this extended regex"),
+    exclude: str = typer.Option(None, help="do not record symbols matching this extended regex"),
+    max_launches: int = typer.Option(None, min=0, help="per process; past it launches are only counted"),
+    max_bytes: int = typer.Option(None, min=0, help="per process, all dump files together"),
+    skip: int = typer.Option(None, min=0, help="do not record the first N launches"),
+    modules_only: bool = typer.Option(False, "--modules-only", help="record modules and cubins, no launches"),
+    host_bytes: int = typer.Option(None, min=0, max=4096, help="bytes copied from a host pointee (64)"),
+) -> None:
+    """Run CMD with every cubin and kernel launch recorded.
+
+    \b
+    Examples:
+      mine capture -- python serve.py --model Qwen/Qwen3-4B
+      mine capture -o dumps/qwen --include 'gemm|attn' --max-launches 100000 -- python bench.py
+    """
+    from capture import launcher
+
+    argv = sys.argv
+    if "--" not in argv:
+        raise launcher.CaptureInputError(
+            "put the command after `--`: mine capture [OPTIONS] -- CMD [ARGS...].")
+    cmd = list(ctx.args)
+    code, summaries = launcher.run_capture(
+        cmd, out, include=include, exclude=exclude, max_launches=max_launches, max_bytes=max_bytes,
+        skip=skip, modules_only=1 if modules_only else None, host_bytes=host_bytes)
+    launcher.render(summaries)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "capture",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(capture)
