@@ -1,0 +1,222 @@
+"""The analysis facade: dump -> passes -> sites -> reference -> layers -> pointers -> fits.
+
+Why: `mine analyze`, the notebook and the generators all want the same result, so it is computed
+here by one pure function, `analyze(dump)`, which returns an `Analysis` of frames, and serialised
+by `to_json` (schema in docs/analysis-json.md, ANALYSIS_SCHEMA_VERSION below).
+
+Fitted per call site: the three grid axes, the three block axes, dynamic smem, and every integer
+parameter (<= 8 bytes, never a pointer in any forward; 4- and 8-byte values read as signed), as
+functions of the variables the data offers -- `tokens` (the chosen reference), then `ctx` (tokens
+accumulated inside a request window) where it differs from tokens. A fit is then checked on one
+held-out forward group (all forwards at the median distinct tokens value): refit without it and
+predict it. Nothing about a model is input.
+Not done here: rendering (report.py), plots and traces (plots.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mining import fit as F
+from mining import pointers as P
+from mining import sites as S
+from mining.load import Dump
+from mining.passes import Passes, split_passes
+
+ANALYSIS_SCHEMA_VERSION = 1
+SHAPE_COLS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "smem")
+
+
+@dataclass
+class Analysis:
+    dump: Dump
+    passes: Passes
+    sites: S.Sites
+    reference: S.Reference
+    layers: list[dict]
+    pointers: pd.DataFrame
+    strides: pd.DataFrame
+    buffers: pd.DataFrame
+    fits: pd.DataFrame
+    no_layout: pd.DataFrame
+    holdout_tokens: int | None
+    variables: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def forwards(self) -> pd.DataFrame:
+        f = self.passes.forwards.copy()
+        f["tokens"] = f["forward"].map(self.reference.tokens).astype("Int64")
+        return f
+
+
+def _signed(values: np.ndarray, size: int) -> np.ndarray:
+    v = values.astype(np.uint64)
+    if size == 4:
+        return v.astype(np.uint32).view(np.int32).astype(np.int64)
+    if size == 8:
+        return v.view(np.int64)
+    return v.astype(np.int64)
+
+
+def _variables(forwards: pd.DataFrame, tokens: pd.Series) -> tuple[dict[str, pd.Series], list[str]]:
+    f = forwards.set_index("forward")
+    tok = tokens.reindex(f.index)
+    ctx = tok.groupby(f["window"]).cumsum()
+    env = {"tokens": tokens}
+    if (ctx.dropna() != tok.dropna()).any():
+        env["ctx"] = ctx.dropna().astype("int64")
+    return env, list(env)
+
+
+class _Fitter:
+    """Fits with memoisation: sites of different layers usually share identical samples."""
+
+    def __init__(self, env: dict[str, pd.Series], holdout: int | None):
+        self.env = {k: v.to_dict() for k, v in env.items()}
+        self.holdout = holdout
+        self.memo: dict = {}
+
+    def __call__(self, fwds: np.ndarray, values: np.ndarray) -> dict:
+        tok = self.env["tokens"]
+        have = np.array([f in tok for f in fwds], bool)
+        if not have.any():
+            return {"status": "no_fit", "expr": None, "points": 0, "alternatives": [],
+                    "note": "no forward with a tokens value", "holdout": "n/a", "values": []}
+        fw, v = fwds[have], values[have]
+        env = {k: np.array([d.get(f, -1) for f in fw], np.int64) for k, d in self.env.items()}
+        env = {k: a for k, a in env.items() if k == "tokens" or (a >= 0).all()}
+        key = (tuple(sorted(env)), *(a.tobytes() for a in env.values()), v.tobytes())
+        if key not in self.memo:
+            self.memo[key] = self._fit(env, v)
+        return self.memo[key]
+
+    def _fit(self, env: dict[str, np.ndarray], v: np.ndarray) -> dict:
+        res = F.fit(env, v)
+        out = res.to_json()
+        out["values"] = sorted(set(v.tolist()))[:8]
+        out["holdout"] = "n/a"
+        h = self.holdout
+        if res.status in ("fit", "piecewise") and h is not None:
+            held = env["tokens"] == h
+            if held.any() and (~held).any():
+                rest = F.fit({k: a[~held] for k, a in env.items()}, v[~held])
+                if rest.status in ("fit", "piecewise"):
+                    pred = F.evaluate(rest.expr, {k: a[held] for k, a in env.items()})
+                    out["holdout"] = "ok" if (pred == v[held]).all() else "mismatch"
+                else:
+                    out["holdout"] = "n/a (underdetermined without it)"
+        return out
+
+
+def _fit_table(dump: Dump, sites: S.Sites, fitter: _Fitter) -> pd.DataFrame:
+    rows = []
+    L = dump.launches
+    kept = sites.table[sites.table["kept"]]
+    shape = L[list(SHAPE_COLS)].to_numpy().astype(np.int64)[kept["row"].to_numpy()]
+    info = sites.index.set_index("site")
+    groups = kept.groupby("site", observed=True).indices
+    for site, pos in groups.items():
+        fw = kept["forward"].to_numpy()[pos]
+        for k, col in enumerate(SHAPE_COLS):
+            rows.append({"site": site, "field": col, **fitter(fw, shape[pos, k])})
+    prm = dump.params[~dump.params["word"]]
+    scal = prm.merge(kept[["seq", "forward", "site"]], on="seq", how="inner")
+    anyptr = scal.groupby(["site", "i"], observed=True)["is_ptr"].transform("any")
+    scal = scal[~anyptr & (scal["size"] <= 8)]
+    for (site, i), grp in scal.groupby(["site", "i"], observed=True):
+        size = int(grp["size"].iloc[0])
+        vals = _signed(grp["value"].to_numpy(), size)
+        row = {"site": site, "field": f"param{int(i)}", **fitter(grp["forward"].to_numpy(), vals)}
+        if size == 4 and len(set(vals.tolist())) == 1:
+            f32 = float(np.array([vals[0]], np.int64).astype(np.int32).view(np.float32)[0])
+            if np.isfinite(f32) and 1e-12 < abs(f32) < 1e12 and abs(int(vals[0])) > 1 << 20:
+                row["as_f32"] = f32
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["site"] = df["site"].astype(str)
+    df = df.join(info[["symbol", "occ", "layer", "pos"]], on="site")
+    return df
+
+
+def _no_layout(dump: Dump) -> pd.DataFrame:
+    L = dump.launches
+    nl = L[L["layout"].astype(str) == "none"]
+    g = nl.groupby("symbol", observed=True)
+    return pd.DataFrame({"launches": g.size(), "packing": g["packing"].first()}).reset_index()
+
+
+def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = None) -> Analysis:
+    """Run every stage on `dump`; never raises on thin data, says so in `notes` instead."""
+    notes = list(dump.warnings)
+    passes = split_passes(dump.launches, gap_ms=gap_ms, per_forward=per_forward)
+    notes += passes.notes
+    sites = S.align(dump.launches, passes.forward)
+    layers = S.layer_blocks(sites)
+    n_fwd = len(passes.forwards)
+    ref = S.choose_reference(dump.launches, sites, n_fwd)
+    if n_fwd < 2:
+        notes.append(f"only {n_fwd} forward pass(es) found: every non-constant fit is underdetermined")
+    if ref.symbol is None:
+        notes.append("no kernel runs once per forward with a varying grid: no tokens reference, "
+                     "nothing can be fitted")
+    env, variables = _variables(passes.forwards, ref.tokens)
+    distinct = sorted(set(ref.tokens.tolist()))
+    holdout = distinct[len(distinct) // 2] if len(distinct) >= 3 else None
+    ptrs, strides = P.classify(dump.params, sites.table, sites.index)
+    fits = _fit_table(dump, sites, _Fitter(env, holdout)) if ref.symbol else pd.DataFrame()
+    return Analysis(dump, passes, sites, ref, layers, ptrs, strides, P.logical_buffers(ptrs), fits,
+                    _no_layout(dump), holdout, variables, notes)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    def clean(v):
+        if isinstance(v, (np.integer,)):
+            return int(v)
+        if isinstance(v, (np.floating,)):
+            return None if np.isnan(v) else float(v)
+        if isinstance(v, (np.bool_,)):
+            return bool(v)
+        if v is pd.NA:
+            return None
+        return v
+    return [{k: clean(v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def to_json(a: Analysis) -> dict:
+    """The whole result as plain JSON types (docs/analysis-json.md)."""
+    ptrs = a.pointers.copy()
+    for c in ("alloc_base", "value"):
+        if c in ptrs:
+            ptrs[c] = [hex(int(x)) for x in ptrs[c]]
+    bufs = a.buffers.copy()
+    if "alloc_base" in bufs:
+        bufs["alloc_base"] = [hex(int(x)) for x in bufs["alloc_base"]]
+    main = max(a.layers, key=lambda b: b["forwards"]) if a.layers else None
+    return {
+        "schema_version": ANALYSIS_SCHEMA_VERSION,
+        "source": {"launches_file": a.dump.source.name, "pid": a.dump.pid,
+                   "launches": int(len(a.dump.launches))},
+        "notes": a.notes,
+        "passes": {"gap_ns": a.passes.gap_ns, "core": a.passes.core,
+                   "core_per_forward": a.passes.per_forward,
+                   "windows": int(len(np.unique(a.passes.window))),
+                   "forwards": _records(a.forwards)},
+        "reference": {"symbol": a.reference.symbol, "axis": a.reference.axis,
+                      "candidates": a.reference.candidates, "variables": a.variables,
+                      "holdout_tokens": a.holdout_tokens},
+        "layers": {"layers": main["layers"] if main else 0,
+                   "sites_per_layer": main["sites_per_layer"] if main else 0,
+                   "shapes": a.layers, "strides": _records(a.strides)},
+        "sites": _records(a.sites.index.drop(columns=["first_seq"])),
+        "partial": _records(a.sites.partial),
+        "pointers": _records(ptrs),
+        "buffers": _records(bufs),
+        "fits": _records(a.fits),
+        "no_layout": _records(a.no_layout),
+    }
