@@ -36,6 +36,7 @@ def check(s: Scope) -> None:
     _shards(s)
     for name in sorted(m.buffers):
         _buffer(s, name, m.buffers[name], key_path("$.buffers", name))
+    _replicated_batch(s)
     for name in sorted(m.modules):
         _module(s, m.modules[name], key_path("$.modules", name))
 
@@ -365,3 +366,20 @@ def _hf_ok(ref: str) -> bool:
 def _https_ok(rest: str) -> bool:
     host, _, path = rest.partition("/")
     return bool(host) and bool(path)
+
+
+def _replicated_batch(s: Scope) -> None:
+    """A state dealt by position makes its group run one replicated batch: no per-rank rows."""
+    dealt = sorted(n for n, st in s.states.items() if st.shard and st.shard.by == "position")
+    if not dealt:
+        return
+    for name in sorted(s.vars):
+        if s.vars[name].axis == "ranks":
+            s.add("var.ranks_replicated", key_path("$.vars", name) + ".axis",
+                  f"`axis: ranks` counts every member's rows, but state `{dealt[0]}` deals "
+                  "positions over its group, so every member takes the same rows")
+    for name in sorted(s.m.buffers):
+        if s.m.buffers[name].fill == "blocks":
+            s.add("buffer.blocks_replicated", key_path("$.buffers", name) + ".fill",
+                  f"fill `blocks` splits the batch into members' blocks, but state "
+                  f"`{dealt[0]}` deals positions over its group (one replicated batch)")
