@@ -1,0 +1,69 @@
+"""Pack a dump into a small committed test fixture (a .tar.xz).
+
+    python -m capture.pack_fixture DUMP OUT.tar.xz [--max-launches 3000] [--max-cubin-bytes 2000000]
+
+Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl and the first launches of each
+process. Drops the cubin files of NVIDIA's closed libraries (modules whose entries look like
+cuBLAS/cuBLASLt/cuDNN/NCCL kernels) and any cubin past the byte budget; their records keep
+sha256 and symbols, so tests can still follow the links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|splitKreduce|cudnn|nccl|"
+                    r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)
+
+
+def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int) -> dict:
+    kept, dropped = 0, 0
+    budget = max_cubin_bytes
+    with tarfile.open(out, "w:xz") as tar:
+        def add_bytes(name: str, data: bytes):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+
+        for proc in sorted(dump.glob("pid*")):
+            rel = proc.name
+            for name in ("meta.json", "modules.jsonl", "graphs.jsonl", "tensormaps.jsonl"):
+                if (proc / name).is_file():
+                    add_bytes(f"{rel}/{name}", (proc / name).read_bytes())
+            lines = (proc / "launches.jsonl").read_bytes().splitlines(keepends=True) \
+                if (proc / "launches.jsonl").is_file() else []
+            add_bytes(f"{rel}/launches.jsonl", b"".join(lines[:max_launches]))
+            closed = set()
+            for line in (proc / "modules.jsonl").read_text().splitlines() if (proc / "modules.jsonl").is_file() else []:
+                rec = json.loads(line)
+                if rec.get("event") == "load" and any(CLOSED.search(e) for e in rec.get("entries", [])):
+                    closed.add(rec["sha256"])
+            for cubin in sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []:
+                size = cubin.stat().st_size
+                if cubin.stem in closed or size > budget:
+                    dropped += 1
+                    continue
+                budget -= size
+                kept += 1
+                add_bytes(f"{rel}/cubins/{cubin.name}", cubin.read_bytes())
+    return {"cubins_kept": kept, "cubins_dropped": dropped, "bytes": out.stat().st_size}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dump", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--max-launches", type=int, default=3000)
+    ap.add_argument("--max-cubin-bytes", type=int, default=2_000_000)
+    a = ap.parse_args()
+    print(json.dumps(pack(a.dump, a.out, a.max_launches, a.max_cubin_bytes)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""GPU tests: run the probe and a PyTorch forward under `mine capture`, check the dumps.
+
+The probe (examples/capture_probe) writes what it launched; every recorded launch must match a
+launched one byte for byte (and the other way round), with pointer words, host pointees, TMA
+maps, cluster dims, graph membership and the launch -> module link right. Set MINE_GPU_DUMPS to
+keep the dumps there (they become the committed fixtures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.gpu
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    keep = os.environ.get("MINE_GPU_DUMPS")
+    base = Path(keep) if keep else tmp_path_factory.mktemp("gpu")
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+@pytest.fixture(scope="module")
+def probe(dumps):
+    build = dumps / "probe_build"
+    subprocess.run([str(ROOT / "examples" / "capture_probe" / "build.sh"), str(build)], check=True)
+    dump, gt = dumps / "probe", dumps / "probe_truth.json"
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--",
+                        str(build / "probe"), str(build / "probe_mod.cubin"), str(gt)],
+                       cwd=ROOT, capture_output=True, text=True)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stderr
+    truth = json.loads(gt.read_text())
+    child = json.loads(Path(str(gt) + ".child.json").read_text())
+    return dump, truth, child, (build / "probe_mod.cubin").read_bytes()
+
+
+def _proc(dump: Path, pid: int) -> dict:
+    d = dump / f"pid{pid}"
+    return {"meta": json.loads((d / "meta.json").read_text()), "launches": _jsonl(d / "launches.jsonl"),
+            "modules": _jsonl(d / "modules.jsonl"), "graphs": _jsonl(d / "graphs.jsonl"),
+            "tmaps": _jsonl(d / "tensormaps.jsonl"), "dir": d}
+
+
+def _match(truth_launches, recorded, tmaps):
+    """Pairs each ground-truth launch with one recorded launch, checking every byte."""
+    pool = list(recorded)
+    for t in truth_launches:
+        hexes = [p["hex"] for p in t["params"]]
+        hit = next((r for r in pool if r["symbol"] == t["symbol"] and [p["hex"] for p in r["params"]] == hexes), None)
+        assert hit is not None, f"no recorded launch for {t['tag']} {t['symbol']} {hexes}"
+        pool.remove(hit)
+        assert hit["packing"] == t["packing"], t["tag"]
+        assert hit["layout"] in ("kernel", "function"), t["tag"]
+        assert hit["result"] == 0
+        assert (hit["graph"] is not None) == t["graph"], t["tag"]
+        if "cluster" in t:
+            assert hit["launch_attrs"]["cluster"] == t["cluster"]
+        for tp, rp in zip(t["params"], hit["params"]):
+            for want in tp.get("ptrs", []):
+                got = {p["at"]: p for p in rp.get("ptrs", [])}
+                assert want["at"] in got, (t["tag"], want)
+                assert got[want["at"]]["base"] == want["base"] and got[want["at"]]["off"] == want["off"], t["tag"]
+            for want in tp.get("host", []):
+                got = {h["at"]: h for h in rp.get("host", [])}
+                assert got[want["at"]]["hex"] == want["hex"], t["tag"]
+            for want in tp.get("tmap", []):
+                got = {m["at"]: m for m in rp.get("tmap", [])}
+                enc = tmaps[got[want["at"]]["encode"]]
+                assert enc["global"] == want["global"] and enc["hex"] == tp["hex"][:256]
+    return pool
+
+
+def test_probe_every_launch_byte_for_byte(probe):
+    dump, truth, _, _ = probe
+    p = _proc(dump, truth["pid"])
+    assert truth["child_ok"] and truth["late_fork_ok"]
+    leftover = _match(truth["launches"], p["launches"], p["tmaps"])
+    assert leftover == [], f"recorded launches the probe did not make: {[r['symbol'] for r in leftover]}"
+    assert [r["seq"] for r in p["launches"]] == list(range(len(p["launches"])))
+
+
+def test_probe_apis_handles_and_module_link(probe):
+    dump, truth, _, cubin = probe
+    p = _proc(dump, truth["pid"])
+    by_id = {m["module"]: m for m in p["modules"] if m["event"] == "load"}
+    apis = Counter(r["api"] for r in p["launches"])
+    assert apis["cuLaunchKernelEx"] >= 1 and apis["cuLaunchKernel"] >= 2
+    for r in p["launches"]:
+        assert r["module"] in by_id, r["symbol"]
+        assert r["symbol"] in by_id[r["module"]]["entries"]
+        assert r["sha256"] == by_id[r["module"]]["sha256"]
+        assert (p["dir"] / "cubins" / f"{r['sha256']}.cubin").is_file()
+        want = "function" if r["symbol"].startswith("drv_") else "kernel"
+        assert r["handle"] == want, r["symbol"]
+        assert r["attrs"]["regs"] > 0 and r["dev"] == 0
+    drv = [r for r in p["launches"] if r["symbol"].startswith("drv_")]
+    assert {r["sha256"] for r in drv} == {hashlib.sha256(cubin).hexdigest()}
+
+
+def test_probe_graph_lifecycle(probe):
+    dump, truth, _, _ = probe
+    p = _proc(dump, truth["pid"])
+    ev = Counter(g["event"] for g in p["graphs"])
+    assert ev["capture_begin"] == 1 and ev["capture_end"] == 1 and ev["instantiate"] == 1
+    assert ev["launch"] == truth["graph_replays"]
+    end = next(g for g in p["graphs"] if g["event"] == "capture_end")
+    inst = next(g for g in p["graphs"] if g["event"] == "instantiate")
+    assert inst["graph"] == end["graph"] and end["nodes"] == 2
+    assert all(g["exec"] == inst["exec"] for g in p["graphs"] if g["event"] == "launch")
+    in_graph = [r for r in p["launches"] if r["graph"]]
+    assert [r["seq"] for r in in_graph] == list(range(end["seq_first"], end["seq_last"] + 1))
+    assert {r["graph"]["capture_id"] for r in in_graph} == {end["capture_id"]}
+
+
+def test_probe_threads_fork_and_meta(probe):
+    dump, truth, child, _ = probe
+    p = _proc(dump, truth["pid"])
+    threads = [r for r in p["launches"] if r["symbol"] == "_Z6k_axpyPfPKffi" and r["stream"] not in ("0x0",)
+               and not r["graph"]]
+    assert len(threads) == 200 and len({r["tid"] for r in threads}) == 8
+    c = _proc(dump, child["pid"])
+    assert _match(child["launches"], c["launches"], c["tmaps"]) == []
+    assert c["meta"]["ppid"] == truth["pid"]
+    m = p["meta"]
+    assert m["format_version"] == 1 and m["devices"][0]["cc"] == [9, 0]
+    assert m["counters"]["launches_recorded"] == len(p["launches"]) and m["counters"]["no_layout"] == 0
+    assert "disabled" not in m
+    # the child forked after CUDA started made no records, so it left no folder
+    assert {d.name for d in dump.iterdir()} == {f"pid{truth['pid']}", f"pid{child['pid']}"}
+
+
+@pytest.fixture(scope="module")
+def torch_dump(dumps):
+    pytest.importorskip("torch")
+    dump = dumps / "torch"
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--",
+                        sys.executable, str(ROOT / "examples" / "torch_forward.py")],
+                       cwd=ROOT, capture_output=True, text=True)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stderr
+    return _proc(dump, json.loads(next(dump.glob("pid*/meta.json")).read_text())["pid"])
+
+
+def test_torch_every_aten_kernel_has_params(torch_dump):
+    launches = torch_dump["launches"]
+    aten = [r for r in launches if "at6native" in r["symbol"] or r["name"].startswith(("void at::", "at::"))]
+    assert len(aten) > 20
+    for r in aten:
+        assert r["layout"] != "none" and r["params"], r["name"]
+        assert all(p["hex"] for p in r["params"]), r["name"]
+    assert torch_dump["meta"]["counters"]["no_layout"] == 0
+    assert all(r["module"] is not None for r in launches)
+
+
+def test_torch_cublaslt_gemms_decoded(torch_dump):
+    extra = [r for r in torch_dump["launches"] if r["packing"] == "extra"]
+    assert extra, "no extra-packed launch (cuBLASLt) recorded"
+    for r in extra:
+        assert r["layout"] != "none" and r["params"] and "extra_hex" not in r, r["symbol"]
+        assert any(p.get("ptrs") for p in r["params"]), r["symbol"]
+
+
+def test_torch_graph_recorded(torch_dump):
+    ev = Counter(g["event"] for g in torch_dump["graphs"])
+    assert ev["capture_begin"] >= 1 and ev["capture_end"] >= 1 and ev["launch"] >= 3
+    assert any(r["graph"] for r in torch_dump["launches"])
