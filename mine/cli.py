@@ -56,7 +56,7 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as exc:
-        err.print(f"[bold red]mine: error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]mine: error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("mine: interrupted")
