@@ -117,39 +117,69 @@ def read_meta(folder: Path) -> dict:
 
 
 # ------------------------------------------------------------------ raw JSON -> arrow
-def _open_bytes(src: Path) -> pa.NativeFile:
+CHUNK = 48 << 20  # bytes of JSON per parse task; bounded memory, one task per core in flight
+
+
+def _chunks(src: Path, warnings: list[str]):
+    """Complete-line byte chunks of the (decompressed) launch file; drops a truncated last line."""
     name = src.name
-    if name.endswith(".xz"):
-        return pa.BufferReader(lzma.decompress(src.read_bytes()))
-    if name.endswith(".gz"):
-        return pa.BufferReader(pa.input_stream(str(src), compression="gzip").read())
-    if name.endswith(".zst"):
-        return pa.BufferReader(pa.input_stream(str(src), compression="zstd").read())
-    return pa.memory_map(str(src))
-
-
-def _arrow_table(src: Path, warnings: list[str]) -> pa.Table:
     try:
-        f = _open_bytes(src)
-        buf = f.read_buffer()
+        if name.endswith((".xz", ".gz", ".zst")):
+            if name.endswith(".xz"):
+                raw = lzma.decompress(src.read_bytes())
+            else:
+                codec = "gzip" if name.endswith(".gz") else "zstd"
+                raw = pa.input_stream(str(src), compression=codec).read()
+            fh = io.BytesIO(raw)
+        else:
+            fh = open(src, "rb")
     except (OSError, pa.ArrowException, lzma.LZMAError, EOFError) as exc:
         raise DumpError(f"{src}: cannot read ({exc})") from None
-    data = memoryview(buf)
-    if len(data) == 0 or (len(data) < 4096 and not bytes(data).strip()):
-        raise DumpError(f"{src}: holds no launch records")
-    if data[-1] != 0x0A:  # a writer killed mid-record leaves a truncated last line
-        cut = bytes(data[-min(len(data), 1 << 20):]).rfind(b"\n")
-        keep = len(data) - min(len(data), 1 << 20) + cut + 1 if cut >= 0 else 0
-        warnings.append(f"dropped a truncated last line ({len(data) - keep} bytes)")
-        buf = buf.slice(0, keep)
-        if keep == 0:
-            raise DumpError(f"{src}: holds no complete launch record")
+    rest = b""
+    with fh:
+        while True:
+            block = fh.read(CHUNK)
+            if not block:
+                break
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            rest = block[cut:]
+            if cut:
+                yield block[:cut]
+    if rest.strip():
+        warnings.append(f"dropped a truncated last line ({len(rest)} bytes)")
+
+
+def _parse_chunk(data: bytes, warnings: list[str], src: Path):
     opts = pj.ParseOptions(explicit_schema=schema.LAUNCH_RECORD, unexpected_field_behavior="ignore")
     try:
-        return pj.read_json(pa.BufferReader(buf), read_options=pj.ReadOptions(block_size=8 << 20),
-                            parse_options=opts)
+        t = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(
+            block_size=max(1 << 20, len(data) + 1), use_threads=False), parse_options=opts)
     except pa.ArrowInvalid:
-        return _slow_table(buf, opts, warnings, src)
+        t = _slow_table(pa.py_buffer(data), opts, warnings, src)
+    if t.num_rows == 0:
+        return None
+    n_params = pc.fill_null(pc.list_value_length(t.column("params")), 0)
+    return t.drop_columns(["params"]).append_column("n_params", n_params), _param_frame(t)
+
+
+def _read_frames(src: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(os.cpu_count() or 1, 8))
+    results, pending = [], []
+    with ThreadPoolExecutor(workers) as pool:
+        for data in _chunks(src, warnings):
+            pending.append(pool.submit(_parse_chunk, data, warnings, src))
+            if len(pending) > workers:
+                results.append(pending.pop(0).result())
+        results += [f.result() for f in pending]
+    results = [r for r in results if r is not None]
+    if not results:
+        raise DumpError(f"{src}: holds no launch records")
+    launches = _launch_frame(pa.concat_tables([r[0] for r in results]))
+    params = pd.concat([r[1] for r in results], ignore_index=True) if len(results) > 1 else results[0][1]
+    return launches, params
 
 
 def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Table:
@@ -170,7 +200,7 @@ def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Tabl
     if bad:
         warnings.append(f"dropped {bad} unparsable line(s)")
     if not good:
-        raise DumpError(f"{src}: holds no parsable launch record")
+        return pa.Table.from_pylist([], schema=schema.LAUNCH_RECORD)
     return pj.read_json(io.BytesIO(b"".join(good)), parse_options=opts)
 
 
@@ -229,7 +259,7 @@ def _launch_frame(t: pa.Table) -> pd.DataFrame:
     for k, ax in enumerate("xyz"):
         cols[f"grid_{ax}"] = _dim(t, "grid", k)
         cols[f"block_{ax}"] = _dim(t, "block", k)
-    cols["n_params"] = pc.fill_null(pc.list_value_length(_col(t, "params")), 0).to_numpy()
+    cols["n_params"] = _col(t, "n_params").to_numpy()
     for name in ("stream", "api", "handle", "sha256", "symbol", "name", "layout", "packing"):
         cols[name] = pc.dictionary_encode(pc.fill_null(_col(t, name), "")).to_pandas()
     df = pd.DataFrame({c: cols[c] for c in schema.LAUNCH_COLUMNS})
@@ -245,9 +275,8 @@ def _param_frame(t: pa.Table) -> pd.DataFrame:
         row0 += len(chunk)
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in schema.PARAM_COLUMNS.items()})
-    df = pd.concat(parts, ignore_index=True)
-    return df.astype(schema.PARAM_COLUMNS).sort_values(["seq", "i", "at"], kind="stable",
-                                                       ignore_index=True)
+    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return df.astype(schema.PARAM_COLUMNS)
 
 
 def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> pd.DataFrame:
@@ -264,11 +293,9 @@ def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> pd.DataFrame:
         "alloc_size": np.zeros(n, np.int64), "buffer_id": np.full(n, -1, np.int64),
         "ptr_off": np.zeros(n, np.int64),
     }
-    hex_col = np.full(n, None, object)
-    wide = np.flatnonzero(size > 8)
-    if len(wide):
-        hex_col[wide] = pc.take(hexes, pa.array(wide)).to_pylist()
-    cols["hex"] = hex_col
+    wide = pa.array(size > 8)
+    cols["hex"] = pd.array(pc.if_else(wide, hexes, pa.scalar(None, pa.string())),
+                           dtype=pd.ArrowDtype(pa.string()))
     ptrs = pc.struct_field(flat, "ptrs")
     pflat = pc.list_flatten(ptrs)
     if len(pflat) == 0:
@@ -294,7 +321,8 @@ def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> pd.DataFrame:
             "size": np.full(len(o), 8), "at": at[rest], "word": np.ones(len(o), bool),
             "value": base[rest] + poff[rest].astype(np.uint64), "is_ptr": np.ones(len(o), bool),
             "alloc_base": base[rest], "alloc_size": asz[rest], "buffer_id": bid[rest],
-            "ptr_off": poff[rest], "hex": np.full(len(o), None, object),
+            "ptr_off": poff[rest],
+            "hex": pd.array([None] * len(o), dtype=pd.ArrowDtype(pa.string())),
         }
         return pd.concat([pd.DataFrame(cols), pd.DataFrame(words)], ignore_index=True)
     return pd.DataFrame(cols)
@@ -366,10 +394,12 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     if hit is not None:
         launches, params, warnings = hit
     else:
-        table = _arrow_table(src, warnings)
-        launches = _launch_frame(table)
-        params = _param_frame(table)
-        del table
+        try:
+            launches, params = _read_frames(src, warnings)
+        except DumpError:
+            if any("unparsable" in w for w in warnings):
+                raise DumpError(f"{src}: holds no parsable launch record") from None
+            raise
         order = np.argsort(launches["seq"].to_numpy(), kind="stable")
         if (np.diff(order) != 1).any():
             launches = launches.iloc[order].reset_index(drop=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 DUMP_FORMAT_VERSION = 1
-FRAME_VERSION = 1  # bump when a column below changes; keys the parquet cache
+FRAME_VERSION = 2  # bump when a column below changes; keys the parquet cache
 
 _PTR = pa.struct(
     [("at", pa.int64()), ("base", pa.string()), ("size", pa.int64()), ("id", pa.int64()),
@@ -68,7 +68,8 @@ LAUNCH_COLUMNS: dict[str, str] = {
 }
 
 # params frame (long form): one row per parameter (at == 0, word == False) and one row per pointer
-# word found inside a parameter past its first word (at > 0, word == True).
+# word found inside a parameter past its first word (at > 0, word == True). Rows are grouped by
+# launch file chunk, not sorted: join on `seq`.
 PARAM_COLUMNS: dict[str, str] = {
     "seq": "int64",       # the launch
     "i": "int16",         # parameter index
@@ -82,7 +83,7 @@ PARAM_COLUMNS: dict[str, str] = {
     "alloc_size": "int64",
     "buffer_id": "int64",     # -1 when not a pointer
     "ptr_off": "int64",       # value - alloc_base
-    "hex": "object",          # raw bytes only for parameters wider than 8 bytes, else None
+    "hex": "string[pyarrow]",  # raw bytes only for parameters wider than 8 bytes, else null
 }
 
 MODULE_COLUMNS: dict[str, str] = {

@@ -1,0 +1,95 @@
+"""Benchmark: load a synthetic 1,000,000-launch dump (not a test; run by hand).
+
+    python benchmarks/bench_load.py [--launches 1000000] [--keep DIR]
+
+Writes a dump in the documented format (docs/dump-format.md) with realistic records (6 params,
+3 of them pointers, one 24-byte struct with an inner pointer), then loads it in a fresh process
+twice -- cold (JSON) and warm (parquet cache) -- and prints seconds and peak RSS of each.
+Results go to docs/benchmarks.md, section "Dump loading".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SYMS = [f"_Z{len(n)}{n}v" for n in ("rms_norm_kernel", "gemm_bf16_kernel", "rope_kernel",
+                                    "reshape_and_cache_kernel", "silu_and_mul_kernel",
+                                    "attn_kernel", "embed_kernel", "argmax_kernel")]
+
+
+def write_dump(folder: Path, n: int) -> Path:
+    pid = folder / "pid1"
+    pid.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(1)
+    base = 0x7F0000000000
+    head = ('{"seq":%d,"t_ns":%d,"tid":7,"dev":0,"ctx":"0x55aa","stream":"0x0",'
+            '"api":"cuLaunchKernel","result":0,"graph":null,"handle":"function","func":"0x%x",'
+            '"module":%d,"sha256":"%s","symbol":"%s","name":"%s","grid":[%d,1,1],'
+            '"block":[256,1,1],"smem":0,"launch_attrs":{},"attrs":{"regs":32,"static_smem":0,'
+            '"local":0,"const":0,"max_threads":1024,"ptx":90,"binary":90},"packing":"params",'
+            '"layout":"kernel","params":[')
+    ptr = '{"i":%d,"off":%d,"size":8,"hex":"%s","ptrs":[{"at":0,"base":"0x%x","size":1073741824,"id":%d,"off":%d}]}'
+    t = 10**9
+    with open(pid / "launches.jsonl", "w") as fh:
+        for seq in range(n):
+            k = seq % len(SYMS)
+            t += 3000 + rng.randrange(4000)
+            tok = 1 + (seq // 1000) % 512
+            parts = []
+            for i in range(3):
+                addr = base + (seq % 97) * 4096 + i * 0x100000
+                parts.append(ptr % (i, 8 * i, addr.to_bytes(8, "little").hex(), base, 10 + i, addr - base))
+            parts.append('{"i":3,"off":24,"size":4,"hex":"%s"}' % tok.to_bytes(4, "little").hex())
+            parts.append('{"i":4,"off":28,"size":4,"hex":"0000803f"}')
+            inner = base + 0x200000
+            parts.append('{"i":5,"off":32,"size":24,"hex":"%s","ptrs":[{"at":8,"base":"0x%x",'
+                         '"size":2097152,"id":5,"off":%d}]}'
+                         % ((tok.to_bytes(8, "little") + inner.to_bytes(8, "little") + bytes(8)).hex(),
+                            base, inner - base))
+            fh.write(head % (seq, t, 0x6000 + k, k + 1, "ab" * 32, SYMS[k], SYMS[k][4:-1], tok)
+                     + ",".join(parts) + "]}\n")
+    (pid / "meta.json").write_text(json.dumps({"format_version": 1, "pid": 1}))
+    return pid
+
+
+CHILD = """
+import resource, sys, time
+t = time.perf_counter()
+from mining.load import load_dump
+d = load_dump(sys.argv[1])
+dt = time.perf_counter() - t
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(f"{dt:.2f} {rss:.0f} {len(d.launches)} {len(d.params)}")
+"""
+
+
+def measure(pid: Path) -> tuple[float, float, int, int]:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(pid)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return float(out[0]), float(out[1]), int(out[2]), int(out[3])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launches", type=int, default=1_000_000)
+    ap.add_argument("--keep", type=Path)
+    args = ap.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="mine-bench-"))
+    t = time.perf_counter()
+    pid = write_dump(folder, args.launches)
+    size = (pid / "launches.jsonl").stat().st_size
+    print(f"wrote {args.launches} launches ({size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f} s")
+    for label in ("cold (JSON, writes cache)", "warm (parquet cache)"):
+        sec, rss, n, p = measure(pid)
+        print(f"{label}: {sec:.2f} s, peak RSS {rss:.0f} MiB, {n} launches, {p} param rows")
+
+
+if __name__ == "__main__":
+    main()
