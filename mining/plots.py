@@ -9,6 +9,8 @@ slice up to the next launch, capped at 50 us.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,8 @@ from mining import fit as F
 def _plt():
     import matplotlib
 
-    matplotlib.use("Agg", force=False)
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")  # a caller that already chose a backend (a notebook) keeps it
     import matplotlib.pyplot as plt
 
     return plt
