@@ -82,10 +82,8 @@ int mc_ctx_device(CUcontext ctx) {
     if (c == (uintptr_t)ctx) return atomic_load_explicit(&ctxdev[i].dev, memory_order_acquire) - 1;
     if (c == 0) break;
   }
-  CUcontext cur = NULL;
   CUdevice dev = -1;
-  if (MC_CU(cuCtxGetCurrent, &cur) != CUDA_SUCCESS || cur != ctx) return -1;
-  if (MC_CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS) return -1;
+  if (MC_CU(cuCtxGetDevice_v2, &dev, ctx) != CUDA_SUCCESS) return -1;
   for (int i = 0; i < NCTX; i++) {
     uintptr_t zero = 0;
     if (atomic_compare_exchange_strong(&ctxdev[i].ctx, &zero, (uintptr_t)ctx) || zero == (uintptr_t)ctx) {
@@ -145,7 +143,11 @@ static int resolve_driver(void) {
   {                                                                                        \
     void *p = NULL;                                                                        \
     CUdriverProcAddressQueryResult q;                                                      \
-    if (gp(#fn, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&      \
+    char name[64];                                                                         \
+    snprintf(name, sizeof name, "%s", #fn);                                                \
+    size_t len = strlen(name);                                                             \
+    if (len > 3 && strcmp(name + len - 3, "_v2") == 0) name[len - 3] = 0;                  \
+    if (gp(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&      \
         q == CU_GET_PROC_ADDRESS_SUCCESS)                                                  \
       mc_drv.fn = (__typeof__(mc_drv.fn))p;                                                \
   }

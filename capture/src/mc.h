@@ -19,10 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Driver entry points we call, resolved by name at run time. */
+/* Driver entry points we call, resolved by name at run time with the ABI of the CUDA version we
+ * compile against. Hazard: for some names the driver hands out a newer ABI than the header's
+ * unsuffixed prototype (cuCtxGetDevice at 13.0 is cuCtxGetDevice_v2(dev, ctx)); such entries are
+ * listed with their suffix, which init.c strips from the name it asks for. */
 #define MC_DRIVER_FUNCS(X)                                                                  \
   X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)              \
-  X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuCtxGetDevice)         \
+  X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuCtxGetDevice_v2)         \
   X(cuCtxGetCurrent) X(cuFuncGetName) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)           \
   X(cuFuncGetModule) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetParamInfo)      \
   X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)
