@@ -72,7 +72,7 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     if (!PLAUSIBLE(v)) continue;
     mc_alloc_t a;
     if (mc_device_alloc(v, &a)) {
-      jb_lit(b, nptr++ ? ",{\"at\":" : ",\"ptrs\":[{\"at\":");
+      if (nptr++) jb_lit(b, ",{\"at\":"); else jb_lit(b, ",\"ptrs\":[{\"at\":");
       jb_u64(b, 8 * w);
       jb_lit(b, ",\"base\":"); jb_ptr(b, a.base);
       jb_lit(b, ",\"size\":"); jb_u64(b, a.size);
@@ -92,7 +92,7 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     unsigned want = mc_knobs.host_bytes < sizeof buf ? mc_knobs.host_bytes : sizeof buf;
     int got = mc_host_read(v, buf, want);
     if (got <= 0) continue;
-    jb_lit(b, nhost++ ? ",{\"at\":" : ",\"host\":[{\"at\":");
+    if (nhost++) jb_lit(b, ",{\"at\":"); else jb_lit(b, ",\"host\":[{\"at\":");
     jb_u64(b, 8 * w);
     jb_lit(b, ",\"addr\":"); jb_ptr(b, v);
     jb_lit(b, ",\"hex\":"); jb_hex(b, buf, (size_t)got);
@@ -103,7 +103,7 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     for (size_t at = 0; at + 128 <= size; at += 64) {
       int64_t s = mc_tmap_find(p + at);
       if (s < 0) continue;
-      jb_lit(b, ntmap++ ? ",{\"at\":" : ",\"tmap\":[{\"at\":");
+      if (ntmap++) jb_lit(b, ",{\"at\":"); else jb_lit(b, ",\"tmap\":[{\"at\":");
       jb_u64(b, at);
       jb_lit(b, ",\"encode\":"); jb_u64(b, (uint64_t)s);
       jb_lit(b, "}");

@@ -367,8 +367,8 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
     }
     if (!xbuf) xsize = 0;
   }
-  jb_raw(b, packed ? ",\"packing\":\"extra\",\"layout\":\"" : ",\"packing\":\"params\",\"layout\":\"",
-         packed ? 30 : 31);
+  if (packed) jb_lit(b, ",\"packing\":\"extra\",\"layout\":\"");
+  else jb_lit(b, ",\"packing\":\"params\",\"layout\":\"");
   jb_raw(b, e->layout_src, strlen(e->layout_src));
   jb_lit(b, "\",\"params\":[");
   if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
