@@ -100,7 +100,7 @@ typedef struct { char *p; size_t n, cap; } jb_t;
 jb_t *jb_thread(void);                 /* this thread's buffer, emptied, room reserved */
 void jb_need(jb_t *b, size_t more);
 void jb_raw(jb_t *b, const char *s, size_t n);
-#define jb_lit(b, s) jb_raw((b), (s), sizeof(s) - 1)
+#define jb_lit(b, s) jb_raw((b), ("" s), sizeof(s) - 1) /* literals only */
 void jb_str(jb_t *b, const char *s);   /* JSON string with quotes and escapes */
 void jb_u64(jb_t *b, uint64_t v);
 void jb_i64(jb_t *b, int64_t v);
