@@ -1,0 +1,15 @@
+"""Qwen3 manifest generator: a vLLM capture (TRITON_ATTN, eager) to a kern schema_version 7 manifest.
+
+Contract: `mined.mine(dump, cfg)` reads the per-layer launches of a `mining.load` dump, pins every
+vLLM kernel instance (symbol, cubin sha256, parameter sizes, registers, block, shared memory) and
+checks the generator's wiring against the mined addresses (`mined.WiringMismatch` names the call
+site); `build.generate(cfg, mined, own)` writes the manifest (plain JSON dict) from Jinja per-layer
+templates; `bindings.write(...)` writes the safetensors tensors no checkpoint holds (rope cos/sin,
+kv scale). Nothing here reads kernels.toml or verifies: the CLI (`mine gen qwen3`) passes the own
+kernels' launches in and verifies the result with `manifests`.
+Not handled: batches of more than one sequence (the captured reduce kernel is built for one),
+tensor parallelism, quantized KV caches.
+"""
+
+GENERATOR = "mine.generators.qwen3"
+VERSION = "0.1.0"

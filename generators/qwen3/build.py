@@ -1,0 +1,249 @@
+"""Manifest assembly: ops from the mined instances, per-layer calls from Jinja templates.
+
+Each (phase, role) instance becomes one op (`p.<role>` for prefill, `d.<role>` for decode): its
+interface is the role's pointers (first appearance order) then the scalars that follow the token
+count; scalars constant in the capture are folded into the launch as literals of their mined
+value. Grids are written from vLLM's launch rules and checked against every mined launch.
+Output is canonical (sorted keys), so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+
+from generators.qwen3 import GENERATOR, VERSION
+from generators.qwen3.kernels import ptype
+from generators.qwen3.mined import Mined, WiringMismatch
+
+SCHEMA_VERSION = 7
+GEMM = ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"])
+
+
+def _grid(role: str, cfg, mined: Mined, T):
+    """vLLM's grid for a role as a kern expression in the row count T (a var name or 1)."""
+    mul = (lambda e, c: e * c) if isinstance(T, int) else (lambda e, c: e if c == 1 else {"mul": [e, c]})
+    qpk = cfg.heads // cfg.kv_heads
+    block_q = (16 if qpk <= 16 else 1 << (qpk - 1).bit_length()) // qpk
+    rows = {"in_norm": T, "add_norm": T, "rope": T, "silu": T, "cache": T,
+            "q_norm": mul(T, cfg.heads), "k_norm": mul(T, cfg.kv_heads)}
+    if role in rows:
+        y = mined.instances[("p" if not isinstance(T, int) else "d", role)].launches[0].grid[1]
+        return [rows[role], y, 1]
+    if role == "attn":
+        return [T // block_q + 1 if isinstance(T, int) else {"ceil_div": [{"add": [T, 1]}, block_q]}, cfg.kv_heads, 1]
+    if role == "attn3d":
+        return [T // block_q + 1, cfg.kv_heads, mined.segments]
+    if role == "reduce":
+        return [T, cfg.heads, 1]
+    raise KeyError(role)
+
+
+def _eval(e, t: int) -> int:
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return t
+    (k, (a, b)), = e.items()
+    if k == "mul":
+        return _eval(a, t) * b
+    if k == "add":
+        return _eval(a, t) + _eval(b, t)
+    return -(-_eval(a, t) // b)
+
+
+class Op:
+    """One manifest op made from one or more mined instances; `args(**roles)` wires a call."""
+
+    def __init__(self, name: str, insts: list, scratch: dict, cfg, mined: Mined, T):
+        self.name, self.iface, self.kinds, self.scalars = name, [], {}, []
+        launches = []
+        for role, inst in insts:
+            grid = _grid(role, cfg, mined, T)
+            for x in inst.launches:
+                if [_eval(g, x.tokens) for g in grid] != list(x.grid):
+                    raise WiringMismatch(f"{x.site()}: grid {list(x.grid)}, but vLLM's launch rule the generator "
+                                         f"writes gives {[_eval(g, x.tokens) for g in grid]}")
+            params, args = [], []
+            for i, size in enumerate(inst.sizes):
+                if i in inst.family.ptrs:
+                    r, direction, dtype = inst.family.ptrs[i]
+                    params.append(ptype(direction, dtype))
+                    if r in scratch:
+                        args.append({"scratch": r})
+                        continue
+                    if r not in self.kinds:
+                        self.iface.append(r)
+                        self.kinds[r] = (direction, dtype)
+                    elif direction in ("out", "inout"):
+                        self.kinds[r] = ("inout" if self.kinds[r][0] == "in" else self.kinds[r][0], dtype)
+                    args.append(r)
+                    continue
+                kind, typ, *v = inst.scalars[i]
+                params.append(typ)
+                if kind == "const":
+                    args.append({typ: v[0]})
+                else:
+                    key = f"{role}.{i}"
+                    self.scalars.append((key, typ, v[0], v[1]))
+                    args.append(key)
+            launch = {"module": None, "entry": inst.symbol, "block": list(inst.block), "grid": grid,
+                      "params": params, "args": args, "_sha": inst.sha256}
+            if inst.smem:
+                launch["shared_mem"] = inst.smem
+            launches.append(launch)
+        names = self.iface + [k for k, _, _, _ in self.scalars]
+        for launch in launches:
+            launch["args"] = [{"param": names.index(a)} if isinstance(a, str) else a for a in launch["args"]]
+        self.params = [ptype(*self.kinds[r]) for r in self.iface] + [t for _, t, _, _ in self.scalars]
+        impl = {"launches": launches}
+        if scratch:
+            impl["scratch"] = {k: {"dtype": "f32", "shape": [n]} for k, n in scratch.items()}
+        self.json = {"params": self.params, "impl": impl}
+
+    def args(self, **roles) -> str:
+        missing = [r for r in self.iface if r not in roles]
+        if missing:
+            raise KeyError(f"op {self.name}: no argument for {missing}")
+        out = [roles[r] for r in self.iface]
+        for _, typ, a, b in self.scalars:
+            out.append({"expr": {"add": [{"mul": ["rows", a]}, b]}} if b else
+                       ({"var": "rows"} if a == 1 else {"expr": {"mul": ["rows", a]}}))
+        return json.dumps(out)
+
+
+@lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    root = resources.files("generators").joinpath("templates")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(B=lambda n, off=0: {"buf": n, **({"offset": off} if off else {})},
+                       S=lambda n, off=0: {"state": n, **({"offset": off} if off else {})})
+    return env
+
+
+def render(template: str, **ctx) -> list[dict]:
+    text = _env().get_template(template).render(**ctx)
+    return json.loads("[" + text.strip().rstrip(",") + "]")
+
+
+def module_names(mined: Mined) -> dict:
+    """sha256 -> module name: `vllm_` plus the families that module serves (sorted), unique per sha."""
+    fams: dict[str, set] = {}
+    for (_, role), inst in mined.instances.items():
+        fams.setdefault(inst.sha256, set()).add(inst.family.match.split("_kernel")[0].strip("_"))
+    names, out = set(), {}
+    for sha in sorted(fams):
+        name = "vllm_" + "+".join(sorted(fams[sha])).replace("+", "_")
+        if name in names:
+            name += "_" + sha[:8]
+        names.add(name)
+        out[sha] = name
+    return out
+
+
+def _ops(cfg, mined: Mined, phase: str) -> dict:
+    T = "rows" if phase == "p" else 1
+    ops = {}
+    for role in ("in_norm", "add_norm", "q_norm", "k_norm", "rope", "cache", "silu"):
+        ops[role] = Op(f"{phase}.{role}", [(role, mined.instances[(phase, role)])], {}, cfg, mined, T)
+    if phase == "p":
+        ops["attn"] = Op("p.attn", [("attn", mined.instances[("p", "attn")])], {}, cfg, mined, T)
+    else:
+        pad = 1 << (cfg.head_dim - 1).bit_length()
+        seg = {"segm_out": cfg.heads * mined.segments * pad, "segm_max": cfg.heads * mined.segments,
+               "segm_expsum": cfg.heads * mined.segments}
+        ops["attn"] = Op("d.attn", [("attn3d", mined.instances[("d", "attn3d")]),
+                                    ("reduce", mined.instances[("d", "reduce")])], seg, cfg, mined, T)
+    return ops
+
+
+def _own_op(launch: dict, rows) -> dict:
+    launch = dict(launch)
+    params = launch.pop("params")
+    launch["grid"] = [rows if g == "rows" else g for g in launch["grid"]]
+    return {"params": params, "impl": {"launches": [launch]}}
+
+
+def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -> dict:
+    """The manifest. `own` maps "embed" / "argmax" to (module name, launch skeleton, module ref)."""
+    names = module_names(mined)
+    W, bs = mined.table_width, mined.block_size
+    max_pos = W * bs
+    m = {"schema_version": SCHEMA_VERSION, "model": f"qwen3 ({GENERATOR} {VERSION}; capture {label})".replace("; capture )", ")"),
+         "vars": {"rows": {"max": chunk, "axis": "rows"}, "seqs": {"max": 1, "axis": "groups"}},
+         "states": {f"kv.{i}": {"bytes_per_token": cfg.kv_bytes_per_token} for i in range(cfg.layers)},
+         "buffers": {}, "modules": {}, "ops": {}, "programs": {}}
+    buf = m["buffers"]
+
+    def b(name, dtype, shape, kind, **extra):
+        buf[name] = {"dtype": dtype, "shape": shape, "kind": kind, **extra}
+
+    b("tokens", "i32", ["rows"], "input", fill="token", domain={"min": 0, "max": cfg.vocab - 1})
+    b("positions", "i64", ["rows"], "input", fill="position", domain={"min": 0, "max": max_pos - 1})
+    b("slots", "i64", ["rows"], "input", fill="slot", domain={"index_into": "kv.0"})
+    b("seq_lens", "i32", ["seqs"], "input", fill="seq_len", domain={"min": 1, "max": max_pos})
+    b("cu_seqlens", "i32", [2], "input", fill="cu_seqlens", domain={"monotone": True, "min": 0, "max": chunk})
+    b("blocks", "i32", ["seqs", W], "input", fill="blocks", domain={"index_into": "kv.0", "stride": bs})
+    b("next_token", "i32", ["seqs"], "output", fill="tokens")
+    for n, width in (("residual", cfg.hidden), ("h", cfg.hidden), ("qkv", cfg.qkv_size), ("q", cfg.q_size),
+                     ("k", cfg.kv_size), ("attn", cfg.q_size), ("gate_up", 2 * cfg.inter), ("act", cfg.inter)):
+        b(n, "bf16", ["rows", width], "workspace")
+    b("logits", "bf16", [1, cfg.vocab], "workspace")
+    b("embed", "bf16", [cfg.vocab, cfg.hidden], "weight", bind=[{"tensor": "model.embed_tokens.weight"}])
+    b("final_norm", "bf16", [cfg.hidden], "weight", bind=[{"tensor": "model.norm.weight"}])
+    b("cos_sin", "bf16", [max_pos, cfg.head_dim], "weight", bind=[{"tensor": "mine.rope.cos_sin"}])
+    b("kv_scale", "f32", [1], "weight", bind=[{"tensor": "mine.kv_scale"}])
+    lm_head = "embed"
+    if not cfg.tied:
+        lm_head = "lm_head"
+        b("lm_head", "bf16", [cfg.vocab, cfg.hidden], "weight", bind=[{"tensor": "lm_head.weight"}])
+    for i in range(cfg.layers):
+        p, L = f"model.layers.{i}.", f"l{i}."
+        b(L + "input_norm", "bf16", [cfg.hidden], "weight", bind=[{"tensor": p + "input_layernorm.weight"}])
+        b(L + "post_norm", "bf16", [cfg.hidden], "weight", bind=[{"tensor": p + "post_attention_layernorm.weight"}])
+        b(L + "q_norm", "bf16", [cfg.head_dim], "weight", bind=[{"tensor": p + "self_attn.q_norm.weight"}])
+        b(L + "k_norm", "bf16", [cfg.head_dim], "weight", bind=[{"tensor": p + "self_attn.k_norm.weight"}])
+        b(L + "qkv", "bf16", [cfg.qkv_size, cfg.hidden], "weight",
+          bind=[{"tensor": p + f"self_attn.{w}_proj.weight"} for w in "qkv"])
+        b(L + "o_proj", "bf16", [cfg.hidden, cfg.q_size], "weight", bind=[{"tensor": p + "self_attn.o_proj.weight"}])
+        b(L + "gate_up", "bf16", [2 * cfg.inter, cfg.hidden], "weight",
+          bind=[{"tensor": p + f"mlp.{w}_proj.weight"} for w in ("gate", "up")])
+        b(L + "down", "bf16", [cfg.hidden, cfg.inter], "weight", bind=[{"tensor": p + "mlp.down_proj.weight"}])
+
+    m["ops"]["gemm"] = {"params": GEMM[1], "impl": {"launches": [{"entry": GEMM[0]}]}}
+    for key, rows in (("embed", "rows"), ("argmax", 1)):
+        mod, launch, ref = own[key]
+        m["modules"][mod] = ref
+        m["ops"][f"{'p' if key == 'embed' else 'd'}.{key}"] = _own_op(launch, rows)
+    m["ops"]["d.embed"] = _own_op(own["embed"][1], 1)
+    calls = {}
+    for phase in ("p", "d"):
+        ops = _ops(cfg, mined, phase)
+        for op in ops.values():
+            for launch in op.json["impl"]["launches"]:
+                sha = launch.pop("_sha")
+                launch["module"] = names[sha]
+                m["modules"][names[sha]] = {"source": f"{sha}.cubin", "sha256": sha}
+            m["ops"][op.name] = op.json
+        T = "rows" if phase == "p" else 1
+        rows_arg = {"var": "rows"} if phase == "p" else {"i32": 1}
+        out = [{"label": "embed", "op": f"{phase}.embed",
+                "args": [{"buf": "tokens"}, {"buf": "embed"}, {"buf": "residual"}, {"i32": cfg.hidden}]}]
+        del rows_arg
+        for i in range(cfg.layers):
+            out += render("qwen3_layer.j2", ops=ops, i=i, T=T, c=cfg, kv_only=(phase == "p" and i == cfg.layers - 1))
+        if phase == "d":
+            out += render("qwen3_head.j2", ops=ops, c=cfg, lm_head=lm_head)
+        calls[phase] = out
+    m["programs"]["prefill"] = {"batch": {"groups": 1, "rows": "rows"}, "calls": calls["p"]}
+    m["programs"]["decode"] = {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": calls["d"]}
+    return m
+
+
+def dumps(manifest: dict) -> str:
+    """Canonical bytes: sorted keys, compact separators, one trailing newline."""
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n"

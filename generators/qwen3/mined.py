@@ -1,0 +1,407 @@
+"""Read a vLLM Qwen3 capture: the forwards, every call site's kernel instance, and the wiring check.
+
+`mine(dump, cfg)` walks the launches that belong to the model's layers (families in `kernels.py`;
+GEMMs, ATen and sampling kernels are skipped), splits them into forwards by their structure
+(input norm, per layer: norm, q/k head norms, rope, cache write, attention [+ reduce], norm, silu;
+final norm), and returns per (phase, role) the one kernel instance it launches and how each scalar
+depends on the forward's token count. Forwards whose structure differs (profiling and warm-up
+passes that skip attention) are left out and counted.
+
+`check(...)` is the generator's wiring proved on the mined addresses: q/k/v views at their offsets
+of one fused qkv allocation, one residual address through all layers, per-layer weights distinct
+and stable across forwards, the KV pool shared by cache write and attention, rope in place on the
+normed q/k, reduce reading the 3D attention's segments. A mismatch raises `WiringMismatch`, one
+sentence naming the call site. Not checked: GEMM operands (cuBLAS launches carry no usable layout).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, RMS_HIDDEN, Family, tag
+
+
+class WiringMismatch(ValueError):
+    """The capture contradicts the wiring or structure the generator writes; names the call site."""
+
+
+@dataclass
+class Launch:
+    seq: int
+    tag: str
+    symbol: str
+    sha256: str
+    regs: int
+    grid: tuple
+    block: tuple
+    smem: int
+    sizes: tuple
+    values: tuple          # little-endian value of each param's first min(size, 8) bytes
+    alloc: tuple           # per param: (buffer_id, ptr_off) when it points into an allocation, else None
+    forward: int = -1
+    tokens: int = 0
+    layer: int = -1
+    role: str = ""
+
+    def site(self) -> str:
+        where = f"layer {self.layer} {self.role}" if self.layer >= 0 else self.role
+        return (f"call site {where} (`{short(self.symbol)}`, launch seq {self.seq}, forward {self.forward} "
+                f"of {self.tokens} tokens)")
+
+    def f32(self, i: int) -> float:
+        return struct.unpack("<f", int(self.values[i] & 0xFFFFFFFF).to_bytes(4, "little"))[0]
+
+
+def short(sym: str, width: int = 60) -> str:
+    return sym if len(sym) <= width else sym[: width - 3] + "..."
+
+
+@dataclass
+class Instance:
+    """One kernel build as launched at one (phase, role): everything a manifest launch needs."""
+    family: Family
+    symbol: str
+    sha256: str
+    regs: int
+    sizes: tuple
+    block: tuple
+    smem: int
+    launches: list = field(default_factory=list)
+    scalars: dict = field(default_factory=dict)   # index -> ("const", type, value) | ("affine", type, a, b)
+
+
+@dataclass
+class Mined:
+    instances: dict            # (phase, role) -> Instance
+    forwards: list             # [(forward, phase, tokens)]
+    skipped: int               # forwards left out for their structure
+    cubins: dict               # sha256 -> path of the cubin in the dump (None when absent)
+    source: str                # the dump's launches file, for the manifest's record
+    block_size: int = 0
+    table_width: int = 0
+    segments: int = 0
+
+
+# ------------------------------------------------------------------ reading the dump
+def _launches(dump) -> list[Launch]:
+    df = dump.launches
+    sym = df["symbol"].astype(str).to_numpy()
+    tags = np.array([tag(s) or "" for s in dump.launches["symbol"].cat.categories], dtype=object)
+    codes = df["symbol"].cat.codes.to_numpy()
+    keep = np.flatnonzero(tags[codes] != "")
+    if len(keep) == 0:
+        return []
+    seqs = df["seq"].to_numpy()[keep]
+    p = dump.params
+    p = p[(~p["word"]) & p["seq"].isin(seqs)].sort_values(["seq", "i"], kind="stable")
+    by_seq: dict[int, list] = {}
+    for seq, size, value, is_ptr, bid, off in zip(p["seq"].to_numpy(), p["size"].to_numpy(), p["value"].to_numpy(),
+                                                   p["is_ptr"].to_numpy(), p["buffer_id"].to_numpy(),
+                                                   p["ptr_off"].to_numpy()):
+        by_seq.setdefault(int(seq), []).append((int(size), int(value), (int(bid), int(off)) if is_ptr else None))
+    out = []
+    sha = df["sha256"].astype(str).to_numpy()
+    cols = {c: df[c].to_numpy() for c in ("regs", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "smem")}
+    for r in keep:
+        ps = by_seq.get(int(df["seq"].iat[r]), [])
+        out.append(Launch(int(df["seq"].iat[r]), tags[codes[r]], sym[r], sha[r], int(cols["regs"][r]),
+                          (int(cols["grid_x"][r]), int(cols["grid_y"][r]), int(cols["grid_z"][r])),
+                          (int(cols["block_x"][r]), int(cols["block_y"][r]), int(cols["block_z"][r])),
+                          int(cols["smem"][r]), tuple(s for s, _, _ in ps), tuple(v for _, v, _ in ps),
+                          tuple(a for _, _, a in ps)))
+    return out
+
+
+def _val(x: Launch, i: int) -> int:
+    return x.values[i] if i < len(x.values) else -1
+
+
+def _layer_block(ls: list[Launch], k: int, first: bool, cfg) -> tuple[list, int] | None:
+    """The launches of one layer starting at ls[k] as [(role, launch)], or None if the shape differs."""
+    want = [("in_norm", "rms") if first else ("add_norm", "fadd"), ("q_norm", "rms"), ("k_norm", "rms"),
+            ("rope", "rope"), ("cache", "cache"), ("attn", "attn")]
+    got = []
+    for role, t in want:
+        if k >= len(ls) or ls[k].tag != t:
+            return None
+        got.append((role, ls[k]))
+        k += 1
+    if k < len(ls) and ls[k].tag == "reduce":
+        got[-1] = ("attn3d", got[-1][1])
+        got.append(("reduce", ls[k]))
+        k += 1
+    for role, t in (("add_norm", "fadd"), ("silu", "silu")):
+        if k >= len(ls) or ls[k].tag != t:
+            return None
+        got.append((role, ls[k]))
+        k += 1
+    q, kk = got[1][1], got[2][1]
+    if _val(q, RMS_HIDDEN) != cfg.head_dim or _val(kk, RMS_HIDDEN) != cfg.head_dim:
+        return None
+    return got, k
+
+
+def forwards(launches: list[Launch], cfg) -> tuple[list[list[Launch]], int]:
+    """Split the tagged launches into whole forwards; also the count of partial ones left out."""
+    out, skipped, k = [], 0, 0
+    while k < len(launches):
+        x = launches[k]
+        if not (x.tag == "rms" and _val(x, RMS_HIDDEN) == cfg.hidden):
+            k += 1
+            continue
+        fwd, j, ok = [], k, True
+        for layer in range(cfg.layers):
+            blk = _layer_block(launches, j, layer == 0, cfg)
+            if blk is None:
+                ok = False
+                break
+            for role, lx in blk[0]:
+                lx.layer, lx.role = layer, role
+                fwd.append(lx)
+            j = blk[1]
+        if ok and j < len(launches) and launches[j].tag == "fadd" and _val(launches[j], FADD_HIDDEN) == cfg.hidden:
+            launches[j].layer, launches[j].role = -1, "final_norm"
+            fwd.append(launches[j])
+            out.append(fwd)
+            k = j + 1
+        else:
+            skipped += 1
+            k += 1
+    return out, skipped
+
+
+# ------------------------------------------------------------------ instances and scalars
+def op_role(role: str) -> str:
+    return "add_norm" if role == "final_norm" else role
+
+
+def _family(x: Launch) -> Family:
+    return ATTN3D if x.role == "attn3d" else FAMILIES[x.tag]
+
+
+def _scalar(inst: Instance, i: int) -> tuple:
+    xs = inst.launches
+    size = inst.sizes[i]
+    is_f = i in inst.family.floats
+    typ = "f32" if is_f else {1: "u8", 4: "i32", 8: "i64"}.get(size)
+    if typ is None:
+        raise WiringMismatch(f"{xs[0].site()}: param #{i} is {size} bytes, not a scalar kern can pass")
+    vals = np.array([x.values[i] for x in xs], dtype=np.uint64)
+    if (vals == vals[0]).all():
+        v = int(vals[0])
+        if typ == "f32":
+            return ("const", typ, xs[0].f32(i))
+        if typ in ("i32", "i64"):
+            bits = 32 if typ == "i32" else 64
+            v = v - (1 << bits) if v >= 1 << (bits - 1) else v
+        return ("const", typ, v)
+    if is_f:
+        raise WiringMismatch(f"{xs[0].site()}: float param #{i} changes between launches; only integers may follow the token count")
+    t = np.array([x.tokens for x in xs], dtype=np.int64)
+    v = vals.astype(np.int64)
+    if len(np.unique(t)) >= 2:
+        i0, i1 = np.argmin(t), np.argmax(t)
+        a, rem = divmod(int(v[i1] - v[i0]), int(t[i1] - t[i0]))
+        b = int(v[i0]) - a * int(t[i0])
+        if rem == 0 and a > 0 and b >= 0 and (a * t + b == v).all():
+            return ("affine", typ, a, b)
+    bad = next(x for x in xs if x.values[i] != xs[0].values[i])
+    raise WiringMismatch(f"{bad.site()}: param #{i} takes values {sorted(set(v.tolist()))[:5]} that are not "
+                         "a multiple of the token count plus a constant")
+
+
+def _instances(fwds: list[list[Launch]]) -> dict:
+    groups: dict[tuple, list[Launch]] = {}
+    for fwd in fwds:
+        phase = "d" if any(x.role == "attn3d" for x in fwd) else "p"
+        for x in fwd:
+            groups.setdefault((phase, op_role(x.role)), []).append(x)
+    out = {}
+    for key, xs in sorted(groups.items()):
+        fam = _family(xs[0])
+        builds = {(x.symbol, x.sha256, x.regs, x.sizes, x.block, x.smem) for x in xs}
+        if len(builds) > 1:
+            a, b = sorted(builds)[:2]
+            other = next(x for x in xs if (x.symbol, x.sha256, x.regs, x.sizes, x.block, x.smem) == b)
+            raise WiringMismatch(f"{other.site()}: launches a second build of the kernel (regs {b[2]}, block "
+                                 f"{list(b[4])}, smem {b[5]}, sha256 {b[1][:12]}) where other forwards launch "
+                                 f"regs {a[2]}, block {list(a[4])}, smem {a[5]}, sha256 {a[1][:12]}")
+        sym, sha, regs, sizes, block, smem = builds.pop()
+        if len(sizes) != fam.n_params:
+            raise WiringMismatch(f"{xs[0].site()}: the captured kernel takes {len(sizes)} params {list(sizes)}, "
+                                 f"the vLLM 0.26 model of `{fam.match}` has {fam.n_params}")
+        for i in fam.ptrs:
+            if sizes[i] != 8:
+                raise WiringMismatch(f"{xs[0].site()}: param #{i} ({fam.ptrs[i][0]}) is {sizes[i]} bytes, not a pointer")
+        if not sha:
+            raise WiringMismatch(f"{xs[0].site()}: the capture did not resolve the launch's module")
+        inst = Instance(fam, sym, sha, regs, sizes, block, smem, xs)
+        inst.scalars = {i: _scalar(inst, i) for i in range(len(sizes)) if i not in fam.ptrs}
+        out[key] = inst
+    return out
+
+
+# ------------------------------------------------------------------ model facts the scalars must show
+def _expected(cfg, bs: int) -> dict:
+    """(role, param index) -> the value the model implies: an int, a float (f32), or ("tokens", a)."""
+    D, kvb = cfg.head_dim, cfg.kv_heads * bs * 2 * cfg.head_dim
+    e = {("in_norm", 9): cfg.eps, ("in_norm", 10): ("tokens", 1), ("in_norm", 11): cfg.hidden,
+         ("q_norm", 9): cfg.eps, ("q_norm", 10): ("tokens", cfg.heads), ("q_norm", 11): D,
+         ("k_norm", 9): cfg.eps, ("k_norm", 10): ("tokens", cfg.kv_heads), ("k_norm", 11): D,
+         ("add_norm", 4): cfg.eps, ("add_norm", 5): ("tokens", 1), ("add_norm", 6): cfg.hidden,
+         ("rope", 4): D, ("rope", 8): cfg.heads, ("rope", 9): cfg.kv_heads, ("rope", 10): D,
+         ("cache", 7): cfg.kv_size, ("cache", 8): cfg.qkv_size, ("cache", 9): kvb, ("cache", 10): bs * 2 * D,
+         ("cache", 13): 2 * D,
+         ("reduce", 6): cfg.q_size, ("reduce", 7): D}
+    for role in ("attn", "attn3d"):
+        e.update({(role, 6): D ** -0.5, (role, 12): cfg.q_size, (role, 13): D, (role, 14): cfg.q_size,
+                  (role, 15): D, (role, 18): kvb, (role, 19): 2 * D, (role, 20): bs * 2 * D, (role, 21): kvb,
+                  (role, 22): 2 * D, (role, 23): bs * 2 * D})
+    return e
+
+
+def _check_scalars(instances: dict, cfg, bs: int) -> None:
+    want = _expected(cfg, bs)
+    for (phase, role), inst in instances.items():
+        for (r, i), w in want.items():
+            if r != role:
+                continue
+            got = inst.scalars[i]
+            x = inst.launches[0]
+            if isinstance(w, float):
+                ok = got[0] == "const" and np.float32(got[2]) == np.float32(w)
+            elif isinstance(w, tuple):
+                ok = (got[0] == "affine" and got[2:] == (w[1], 0)) or (
+                    got[0] == "const" and all(x_.tokens * w[1] == got[2] for x_ in inst.launches))
+            else:
+                ok = got[0] == "const" and got[2] == w
+            if not ok:
+                shown = w if not isinstance(w, tuple) else f"{w[1]} x tokens"
+                raise WiringMismatch(f"{x.site()}: param #{i} is {got[2:] if got[0] == 'affine' else got[2]}, "
+                                     f"the Qwen3 layout the generator writes needs {shown}")
+
+
+# ------------------------------------------------------------------ the wiring, proved on addresses
+def _same(a: Launch, i: int, b: Launch, j: int, what: str) -> None:
+    if a.values[i] != b.values[j]:
+        raise WiringMismatch(f"{a.site()}: {what} is {a.values[i]:#x}, but the generator wires it to the same buffer "
+                             f"as param #{j} of layer {b.layer} {b.role} ({b.values[j]:#x})")
+
+
+def _view(a: Launch, i: int, base: Launch, j: int, off: int, what: str) -> None:
+    if a.alloc[i] is None or base.alloc[j] is None or a.alloc[i][0] != base.alloc[j][0] \
+            or a.alloc[i][1] - base.alloc[j][1] != off:
+        got = "outside any allocation" if a.alloc[i] is None or base.alloc[j] is None else (
+            f"at byte {a.alloc[i][1] - base.alloc[j][1]} of it" if a.alloc[i][0] == base.alloc[j][0] else "in another allocation")
+        raise WiringMismatch(f"{a.site()}: {what} should be the fused qkv buffer at byte {off} of the q view, "
+                             f"but it is {got}")
+
+
+def check(fwd: list[Launch], cfg) -> None:
+    """Every address relation the generated wiring relies on, for one forward."""
+    layers: dict[int, dict[str, Launch]] = {}
+    for x in fwd:
+        layers.setdefault(x.layer, {})
+        key = "post_norm" if x.role == "add_norm" and "attn" in "".join(layers[x.layer]) else x.role
+        layers[x.layer][key] = x
+    residual = layers[0]["in_norm"]
+    caches, weights = set(), {}
+    for layer in range(cfg.layers):
+        s = layers[layer]
+        qn, kn, rope, cache = s["q_norm"], s["k_norm"], s["rope"], s["cache"]
+        attn = s.get("attn") or s["attn3d"]
+        norm_in = s["in_norm"] if layer == 0 else s["add_norm"]
+        if layer > 0:
+            _same(norm_in, 2, residual, 1, "the residual")
+        _same(s["post_norm"], 2, residual, 1, "the residual")
+        _view(kn, 1, qn, 1, 2 * cfg.q_size, "the k-norm input")
+        _view(cache, 1, qn, 1, 2 * (cfg.q_size + cfg.kv_size), "the cached value")
+        _same(rope, 1, qn, 0, "rope's query (in place on the normed q)")
+        _same(rope, 2, kn, 0, "rope's key (in place on the normed k)")
+        _same(cache, 0, kn, 0, "the cached key")
+        _same(attn, 1, qn, 0, "the attention query")
+        _same(attn, 2, cache, 2, "the attention's key cache")
+        _same(attn, 3, cache, 3, "the attention's value cache")
+        _same(attn, 7, cache, 5, "the attention's k scale")
+        _same(attn, 8, cache, 6, "the attention's v scale")
+        _same(attn, 17, attn, 5, "the attention's prefix-length pointer")
+        if cache.values[3] - cache.values[2] != 2 * cfg.head_dim:
+            raise WiringMismatch(f"{cache.site()}: the value cache is {cache.values[3] - cache.values[2]} bytes past "
+                                 f"the key cache, the generated KV state puts it at {2 * cfg.head_dim}")
+        if cache.values[2] in caches:
+            raise WiringMismatch(f"{cache.site()}: writes a KV cache another layer already uses; the manifest "
+                                 "gives every layer its own state")
+        caches.add(cache.values[2])
+        if "reduce" in s:
+            red = s["reduce"]
+            for i, j, what in ((0, 0, "the output"), (1, 26, "the segment outputs"), (2, 27, "the segment maxima"),
+                               (3, 28, "the segment sums"), (4, 5, "the sequence lengths"), (9, 24, "the query starts")):
+                _same(red, i, attn, j, what)
+        if layer > 0:
+            prev = layers[layer - 1]
+            _same(rope, 0, prev["rope"], 0, "the positions")
+            _same(rope, 3, prev["rope"], 3, "the rope cos/sin cache")
+            _same(attn, 5, (prev.get("attn") or prev["attn3d"]), 5, "the sequence lengths")
+        for role, x, i in (("input norm", norm_in, 7 if layer == 0 else 3), ("post norm", s["post_norm"], 3),
+                           ("q norm", qn, 7), ("k norm", kn, 7)):
+            w = x.values[i]
+            if w in weights:
+                raise WiringMismatch(f"{x.site()}: the {role} weight {w:#x} is also the {weights[w]}'s; the "
+                                     "manifest binds a distinct tensor per layer")
+            weights[w] = f"layer {layer} {role}"
+    final = layers[-1]["final_norm"]
+    _same(final, 2, residual, 1, "the residual")
+
+
+def _check_stable(fwds: list[list[Launch]]) -> None:
+    """Weights do not move between forwards: a call site's weight address is the same in all of them."""
+    seen: dict[tuple, Launch] = {}
+    idx = {"in_norm": 7, "q_norm": 7, "k_norm": 7, "add_norm": 3, "final_norm": 3, "rope": 3}
+    for fwd in fwds:
+        for n, x in enumerate(fwd):
+            if x.role not in idx:
+                continue
+            key = (x.layer, x.role, sum(1 for y in fwd[:n] if y.layer == x.layer and y.role == x.role))
+            if key in seen and seen[key].values[idx[x.role]] != x.values[idx[x.role]]:
+                raise WiringMismatch(f"{x.site()}: its weight moved from {seen[key].values[idx[x.role]]:#x} "
+                                     f"(forward {seen[key].forward}); weights are bound once at load")
+            seen.setdefault(key, x)
+
+
+# ------------------------------------------------------------------ entry point
+def mine(dump, cfg) -> Mined:
+    """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`)."""
+    tagged = _launches(dump)
+    fwds, skipped = forwards(tagged, cfg)
+    result = []
+    for n, fwd in enumerate(fwds):
+        tokens = next(x for x in fwd if x.role == "rope").grid[0]
+        for x in fwd:
+            x.forward, x.tokens = n, tokens
+        result.append((n, "d" if any(x.role == "attn3d" for x in fwd) else "p", tokens))
+    phases = {p for _, p, _ in result}
+    if phases != {"p", "d"}:
+        have = ", ".join(sorted(phases)) or "none"
+        raise WiringMismatch(f"{dump.source}: needs whole prefill and decode forwards of a {cfg.layers}-layer Qwen3 "
+                             f"(found {len(fwds)} forward(s), phases: {have}; {skipped} partial)")
+    for fwd in fwds:
+        check(fwd, cfg)
+    _check_stable(fwds)
+    inst = _instances(fwds)
+    cache = inst[("p", "cache")]
+    head_stride = cache.scalars[10][2]
+    bs = head_stride // (2 * cfg.head_dim) if head_stride > 0 else 0
+    if bs <= 0 or head_stride % (2 * cfg.head_dim):
+        raise WiringMismatch(f"{cache.launches[0].site()}: head stride {head_stride} is not a whole number of "
+                             f"{2 * cfg.head_dim}-element token rows")
+    _check_scalars(inst, cfg, bs)
+    folder = dump.source.parent
+    cubins = {}
+    for i in inst.values():
+        f = folder / "cubins" / f"{i.sha256}.cubin"
+        cubins[i.sha256] = f if f.is_file() else None
+    return Mined(inst, result, skipped, cubins, str(dump.source), bs, inst[("p", "attn")].scalars[11][2],
+                 inst[("d", "attn3d")].launches[0].grid[2])
