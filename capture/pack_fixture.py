@@ -39,14 +39,16 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int) -> dict
             lines = (proc / "launches.jsonl").read_bytes().splitlines(keepends=True) \
                 if (proc / "launches.jsonl").is_file() else []
             add_bytes(f"{rel}/launches.jsonl", b"".join(lines[:max_launches]))
-            closed = set()
+            closed, no_entries = set(), set()
             for line in (proc / "modules.jsonl").read_text().splitlines() if (proc / "modules.jsonl").is_file() else []:
                 rec = json.loads(line)
+                if rec.get("event") == "load" and not rec.get("entries"):
+                    no_entries.add(rec["sha256"])  # origin unknown: keep records, not bytes
                 if rec.get("event") == "load" and any(CLOSED.search(e) for e in rec.get("entries", [])):
                     closed.add(rec["sha256"])
             for cubin in sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []:
                 size = cubin.stat().st_size
-                if cubin.stem in closed or size > budget:
+                if cubin.stem in closed or cubin.stem in no_entries or size > budget:
                     dropped += 1
                     continue
                 budget -= size

@@ -105,10 +105,11 @@ static void write_truth(const char *path, const std::string &head) {
 
 static const char *SYM_AXPY = "_Z6k_axpyPfPKffi";
 
-static void run_axpy(float *y, const float *x, float a, int n, cudaStream_t s, const char *tag, int graph = 0) {
+static void run_axpy(float *y, const float *x, float a, int n, cudaStream_t s, const char *tag, int graph = 0,
+                     const float *ybase = nullptr) {
   k_axpy<<<(n + 255) / 256, 256, 0, s>>>(y, x, a, n);
   CK(cudaGetLastError());
-  record(tag, SYM_AXPY, "params", {Pptr(y, y), Pptr(x, x), P(a), P(n)}, graph);
+  record(tag, SYM_AXPY, "params", {Pptr(y, ybase ? ybase : y), Pptr(x, x), P(a), P(n)}, graph);
 }
 
 int main(int argc, char **argv) {
@@ -224,7 +225,7 @@ int main(int argc, char **argv) {
     th.emplace_back([=] {
       cudaStream_t st;
       CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      for (int i = 0; i < 25; i++) run_axpy(y + 1024 * t, x, (float)t, 1000 + 10 * t + i, st, "thread");
+      for (int i = 0; i < 25; i++) run_axpy(y + 1024 * t, x, (float)t, 1000 + 10 * t + i, st, "thread", 0, y);
       CK(cudaStreamSynchronize(st));
       CK(cudaStreamDestroy(st));
     });
