@@ -133,7 +133,7 @@ def _layer_block(ls: list[Launch], k: int, first: bool, cfg) -> tuple[list, int]
         got[-1] = ("attn3d", got[-1][1])
         got.append(("reduce", ls[k]))
         k += 1
-    for role, t in (("add_norm", "fadd"), ("silu", "silu")):
+    for role, t in (("post_norm", "fadd"), ("silu", "silu")):
         if k >= len(ls) or ls[k].tag != t:
             return None
         got.append((role, ls[k]))
@@ -175,7 +175,7 @@ def forwards(launches: list[Launch], cfg) -> tuple[list[list[Launch]], int]:
 
 # ------------------------------------------------------------------ instances and scalars
 def op_role(role: str) -> str:
-    return "add_norm" if role == "final_norm" else role
+    return "add_norm" if role in ("final_norm", "post_norm") else role
 
 
 def _family(x: Launch) -> Family:
@@ -305,8 +305,7 @@ def check(fwd: list[Launch], cfg) -> None:
     layers: dict[int, dict[str, Launch]] = {}
     for x in fwd:
         layers.setdefault(x.layer, {})
-        key = "post_norm" if x.role == "add_norm" and "attn" in "".join(layers[x.layer]) else x.role
-        layers[x.layer][key] = x
+        layers[x.layer][x.role] = x
     residual = layers[0]["in_norm"]
     caches, weights = set(), {}
     for layer in range(cfg.layers):
@@ -359,7 +358,7 @@ def check(fwd: list[Launch], cfg) -> None:
 def _check_stable(fwds: list[list[Launch]]) -> None:
     """Weights do not move between forwards: a call site's weight address is the same in all of them."""
     seen: dict[tuple, Launch] = {}
-    idx = {"in_norm": 7, "q_norm": 7, "k_norm": 7, "add_norm": 3, "final_norm": 3, "rope": 3}
+    idx = {"in_norm": 7, "q_norm": 7, "k_norm": 7, "add_norm": 3, "post_norm": 3, "final_norm": 3, "rope": 3}
     for fwd in fwds:
         for n, x in enumerate(fwd):
             if x.role not in idx:

@@ -1,0 +1,121 @@
+"""`mine gen qwen3`: a vLLM Qwen3 capture to a verified kern manifest, its kernels and bindings.
+
+Reads the dump with `mining.load`, mines and checks it (`generators.qwen3.mined`), writes
+OUT/qwen3.json (verified with `manifests.verify`; a rejection is a generator bug reported as one
+sentence), OUT/qwen3-bindings.safetensors (rope cos/sin, kv scale), and OUT/kernels/ (the dumped
+vLLM cubins by sha256, this repository's own kernels built with nvcc and checked against their
+kernels.toml pins), then runs the offline ABI check over OUT/kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mine.cmd_gen import gen_app
+
+ROOT = Path(__file__).resolve().parent.parent
+OWN = {"embed": ("mine_embed", "mine_embed_rows"), "argmax": ("mine_argmax", "mine_argmax_rows")}
+
+
+class RejectedManifest(ValueError):
+    """The generated manifest failed verification or the ABI check (one sentence)."""
+
+
+def build_manifest(dump_path: Path, config: Path, kernels: Path, chunk: int, pid: Optional[int] = None):
+    from generators.qwen3 import build, config as qconfig, mined
+    from manifests.kernels import load_kernels
+    from manifests.verify import verify
+    from mining.load import load_dump
+
+    cfg = qconfig.load(config)
+    dump = load_dump(dump_path, pid=pid)
+    mm = mined.mine(dump, cfg)
+    table = load_kernels(kernels)
+    own = {k: (mod, table.op_launch(mod, e), table.module_ref(mod)) for k, (mod, e) in OWN.items()}
+    m = build.generate(cfg, mm, own, chunk=chunk, label=dump.source.parent.name)
+    bad = verify(m)
+    if bad:
+        raise RejectedManifest(f"the generated manifest fails verification ({len(bad)} violations, first: {bad[0]})")
+    return cfg, mm, table, m
+
+
+def _kernels_dir(out: Path, mm, table, m: dict) -> list[str]:
+    from manifests.kernels import nvcc_command
+
+    kdir = out / "kernels"
+    kdir.mkdir(parents=True, exist_ok=True)
+    notes = []
+    for name, ref in sorted(m["modules"].items()):
+        target = kdir / ref["source"]
+        src = mm.cubins.get(ref["sha256"])
+        if src is not None:
+            shutil.copyfile(src, target)
+        elif name in table.modules and table.modules[name].source:
+            nvcc = shutil.which("nvcc")
+            if nvcc is None:
+                notes.append(f"`{name}` not built (no nvcc on PATH)")
+                continue
+            proc = subprocess.run(nvcc_command(table, table.modules[name], target, nvcc), capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise OSError(f"nvcc failed on `{name}`: {proc.stderr.strip()[-200:]}")
+        else:
+            notes.append(f"`{name}` has no cubin in the dump")
+            continue
+        if hashlib.sha256(target.read_bytes()).hexdigest() != ref["sha256"]:
+            raise RejectedManifest(f"`{target.name}` does not hash to module `{name}`'s pin")
+    return notes
+
+
+def qwen3(
+    dump: Path = typer.Option(..., "--dump", help="The capture: a dump folder, a pid<N>/ folder or a launches file."),
+    config: Path = typer.Option(..., "--config", help="The model's config.json."),
+    out: Path = typer.Option(..., "--out", help="Output folder (qwen3.json, qwen3-bindings.safetensors, kernels/)."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder: check every bound tensor is there."),
+    chunk: int = typer.Option(2048, help="Most rows one prefill call takes."),
+    pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
+    kernels: Path = typer.Option(ROOT / "kernels.toml", help="kernels.toml with the own kernels' pins."),
+) -> None:
+    """Generate the Qwen3 kern manifest from a vLLM capture.
+
+    Example:
+      mine gen qwen3 --dump tests/fixtures/vllm --config examples/vllm_qwen3/reference/config.json --out manifests/qwen3/
+    """
+    from generators.qwen3 import bindings
+    from generators.qwen3.build import dumps
+    from manifests.abi import check_abi
+
+    if chunk < 1:
+        raise ValueError(f"--chunk must be at least 1, got {chunk}")
+    cfg, mm, table, m = build_manifest(dump, config, kernels, chunk, pid)
+    if weights is not None:
+        files = sorted(Path(weights).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{weights} holds no .safetensors files")
+        problems = bindings.checkpoint_problems({"buffers": {k: v for k, v in m["buffers"].items()
+                                                             if not any(s["tensor"].startswith("mine.") for s in v.get("bind", []))}}, files)
+        if problems:
+            raise ValueError(f"the checkpoint does not fit the manifest: {problems[0]} ({len(problems)} problem(s))")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qwen3.json").write_text(dumps(m))
+    bindings.write(out / "qwen3-bindings.safetensors", cfg, mm.table_width * mm.block_size)
+    notes = _kernels_dir(out, mm, table, m)
+    unpinned = sorted(n for n, r in m["modules"].items() if table.by_sha256(r["sha256"]) is None)
+    problems = check_abi(m, out / "kernels")
+    checkable = [d for d in problems if d.rule != "abi.module-file"]
+    if checkable:
+        raise RejectedManifest(f"the ABI check fails: {checkable[0]} ({len(checkable)} finding(s))")
+    typer.echo(f"{out / 'qwen3.json'}: {len(mm.forwards)} forwards mined ({mm.skipped} partial left out), "
+               f"{len(m['programs']['prefill']['calls'])} prefill / {len(m['programs']['decode']['calls'])} decode calls; "
+               f"verified; ABI {'checked' if not problems else 'checked where cubins exist'}")
+    for n in notes + [f"`{n}` is not pinned in kernels.toml" for n in unpinned]:
+        typer.echo(f"note: {n}")
+
+
+def register(app: typer.Typer) -> None:
+    gen_app.command("qwen3")(qwen3)
