@@ -3,9 +3,10 @@
     python -m capture.pack_fixture DUMP OUT.tar.xz [--max-launches 3000] [--max-cubin-bytes 2000000]
 
 Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl and the first launches of each
-process. Drops the cubin files of NVIDIA's closed libraries (modules whose entries look like
-cuBLAS/cuBLASLt/cuDNN/NCCL kernels) and any cubin past the byte budget; their records keep
-sha256 and symbols, so tests can still follow the links.
+process, and the cubins those launches use (most-launched first, each under --max-cubin, all under
+--max-cubin-bytes). Drops the cubin files of NVIDIA's closed libraries (modules whose entries look
+like cuBLAS/cuBLASLt/cuDNN/NCCL kernels), modules no kept launch uses, and any cubin past the
+budgets; their records keep sha256 and symbols, so tests can still follow the links.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|
                     r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)
 
 
-def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int) -> dict:
+def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000) -> dict:
     kept, dropped = 0, 0
     budget = max_cubin_bytes
     with tarfile.open(out, "w:xz") as tar:
@@ -46,9 +47,19 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int) -> dict
                     no_entries.add(rec["sha256"])  # origin unknown: keep records, not bytes
                 if rec.get("event") == "load" and any(CLOSED.search(e) for e in rec.get("entries", [])):
                     closed.add(rec["sha256"])
-            for cubin in sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []:
+            # Cubins the launches use come first, most-launched first: a fixture is for the kernels
+            # that ran, not for every module the process happened to load.
+            uses: dict[str, int] = {}
+            for line in lines:
+                sha = json.loads(line).get("sha256")
+                if sha:
+                    uses[sha] = uses.get(sha, 0) + 1
+            cubins = sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []
+            cubins.sort(key=lambda c: (-uses.get(c.stem, 0), c.stat().st_size, c.name))
+            for cubin in cubins:
                 size = cubin.stat().st_size
-                if cubin.stem in closed or cubin.stem in no_entries or size > budget:
+                if (cubin.stem in closed or cubin.stem in no_entries or cubin.stem not in uses
+                        or size > max_cubin or size > budget):
                     dropped += 1
                     continue
                 budget -= size
@@ -62,9 +73,10 @@ def main() -> None:
     ap.add_argument("dump", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--max-launches", type=int, default=3000)
-    ap.add_argument("--max-cubin-bytes", type=int, default=2_000_000)
+    ap.add_argument("--max-cubin-bytes", type=int, default=2_000_000, help="all kept cubins together")
+    ap.add_argument("--max-cubin", type=int, default=4_000_000, help="one cubin")
     a = ap.parse_args()
-    print(json.dumps(pack(a.dump, a.out, a.max_launches, a.max_cubin_bytes)))
+    print(json.dumps(pack(a.dump, a.out, a.max_launches, a.max_cubin_bytes, a.max_cubin)))
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def simulate(out: Path, cfg, prompts=(34, 85, 5), steps=3, plant=None) -> Path:
     WTS = A(L * 8 * H * 2 + (1 << 20))
     KV = A(L * 64 * BS * kv * 4)
     SCALES = A(L * 16)
-    kvb = cfg.kv_heads * BS * 2 * D
+    kvb = cfg.kv_heads * BS * 2 * D     # vLLM 0.26 Triton layout: [block][token][kv head][K|V][D]
+    row = cfg.kv_heads * 2 * D
     qpk = cfg.heads // cfg.kv_heads
     bq = (16 if qpk <= 16 else 1 << (qpk - 1).bit_length()) // qpk
     recs, seq, t = [], [0], [1_000_000_000]
@@ -123,11 +124,11 @@ def simulate(out: Path, cfg, prompts=(34, 85, 5), steps=3, plant=None) -> Path:
             vc = P(KV, layer * 64 * BS * kv * 4 + 2 * D)
             ks, vs = P(SCALES, layer * 16), P(SCALES, layer * 16 + 8)
             launch("cache", [T, 1, 1], [512, 1, 1], [P(Kb), P(QKV, 2 * (q + kv)), kc, vc, P(SLOTS), ks, vs, ("i64", kv), ("i64", qkvw),
-                                                     ("i64", kvb), ("i64", BS * 2 * D), ("i64", 0), ("i64", 0), ("i64", 2 * D),
+                                                     ("i64", kvb), ("i64", 2 * D), ("i64", 0), ("i64", 0), ("i64", row),
                                                      ("i64", 0), ("i64", 0)], layer, "cache")
             common = [P(ATT), P(Qb), kc, vc, P(BT), P(SL), ("f32", D ** -0.5), ks, vs, ("f32", 1.0), ("f32", 0.0), ("i64", W),
-                      ("i64", q), ("i64", D), ("i64", q), ("i64", D), ("i64", 0), P(SL), ("i64", kvb), ("i64", 2 * D),
-                      ("i64", BS * 2 * D), ("i64", kvb), ("i64", 2 * D), ("i64", BS * 2 * D), P(CU), ("i32", 1)]
+                      ("i64", q), ("i64", D), ("i64", q), ("i64", D), ("i64", 0), P(SL), ("i64", kvb), ("i64", row),
+                      ("i64", 2 * D), ("i64", kvb), ("i64", row), ("i64", 2 * D), P(CU), ("i32", 1)]
             if decode:
                 launch("attn", [T // bq + 1, cfg.kv_heads, SEGS], [128, 1, 1],
                        common + [P(SEGO), P(SEGM), P(SEGE), ("i64", 0), ("i64", 0)], layer, "attn3d", sha=SHA["attn3d"], regs=96)

@@ -24,7 +24,7 @@ from manifests.verify import verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples/vllm_qwen3/reference/config.json"
-REAL = ROOT / "tests/fixtures/vllm"
+REAL = ROOT / "tests/fixtures/vllm/vllm-offline.tar.xz"
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +66,10 @@ def test_kern_llm_accepts(sim, tmp_path):
 def test_scalars_follow_tokens(sim, cfg):
     from mining.load import load_dump
     mm = mined.mine(load_dump(sim, cache=False), cfg)
-    q = mm.instances[("p", "q_norm")]
+    q = mm.instances[("p", "q_norm")][0]
     assert q.scalars[10] == ("affine", "i32", cfg.heads, 0)
-    assert mm.instances[("d", "q_norm")].scalars[10] == ("const", "i32", cfg.heads)
-    assert mm.instances[("p", "in_norm")].scalars[9][2] == np.float32(1e-6)
+    assert mm.instances[("d", "q_norm")][0].scalars[10] == ("const", "i32", cfg.heads)
+    assert mm.instances[("p", "in_norm")][0].scalars[9][2] == np.float32(1e-6)
 
 
 @pytest.mark.parametrize("layer,role,index,delta,needle", [
@@ -114,7 +114,6 @@ def test_bindings_rope_cache(tmp_path, cfg):
     assert vals[0, 0] == 1.0 and vals[0, cfg.head_dim // 2] == 0.0
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="the real vLLM capture fixture is not in the tree yet")
 def test_real_capture_verifies_and_fits_its_cubins(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(CONFIG),
                         "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)

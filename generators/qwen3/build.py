@@ -26,12 +26,11 @@ GEMM = ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out b
 def _grid(role: str, cfg, mined: Mined, T):
     """vLLM's grid for a role as a kern expression in the row count T (a var name or 1)."""
     mul = (lambda e, c: e * c) if isinstance(T, int) else (lambda e, c: e if c == 1 else {"mul": [e, c]})
-    qpk = cfg.heads // cfg.kv_heads
-    block_q = (16 if qpk <= 16 else 1 << (qpk - 1).bit_length()) // qpk
+    block_q = cfg.block_q
     rows = {"in_norm": T, "add_norm": T, "rope": T, "silu": T, "cache": T,
             "q_norm": mul(T, cfg.heads), "k_norm": mul(T, cfg.kv_heads)}
     if role in rows:
-        y = mined.instances[("p" if not isinstance(T, int) else "d", role)].launches[0].grid[1]
+        y = mined.instances[("p" if not isinstance(T, int) else "d", role)][0].launches[0].grid[1]
         return [rows[role], y, 1]
     if role == "attn":
         return [T // block_q + 1 if isinstance(T, int) else {"ceil_div": [{"add": [T, 1]}, block_q]}, cfg.kv_heads, 1]
@@ -64,6 +63,8 @@ class Op:
         for role, inst in insts:
             grid = _grid(role, cfg, mined, T)
             for x in inst.launches:
+                if x.seqs != 1:
+                    continue  # a batched warm-up: its grid was proved by `mined._seqs`
                 if [_eval(g, x.tokens) for g in grid] != list(x.grid):
                     raise WiringMismatch(f"{x.site()}: grid {list(x.grid)}, but vLLM's launch rule the generator "
                                          f"writes gives {[_eval(g, x.tokens) for g in grid]}")
@@ -84,14 +85,26 @@ class Op:
                     continue
                 kind, typ, *v = inst.scalars[i]
                 params.append(typ)
-                if kind == "const":
+                if kind == "seqs":
+                    if "seqs" not in [k for k, *_ in self.scalars]:
+                        self.scalars.append(("seqs", typ, None, None))
+                    args.append("seqs")
+                elif kind == "const":
                     args.append({typ: v[0]})
                 else:
                     key = f"{role}.{i}"
-                    self.scalars.append((key, typ, v[0], v[1]))
+                    known = next((sc for sc in self.scalars if sc[0] == key), None)
+                    if known is None:
+                        self.scalars.append((key, typ, v[0], v[1]))
+                    elif known != (key, typ, v[0], v[1]):
+                        raise WiringMismatch(f"{inst.launches[0].site()}: param #{i} follows the token count "
+                                             f"differently in two builds of the kernel")
                     args.append(key)
             launch = {"module": None, "entry": inst.symbol, "block": list(inst.block), "grid": grid,
                       "params": params, "args": args, "_sha": inst.sha256}
+            if inst.when is not None and not isinstance(T, int):
+                lo, hi = inst.when
+                launch["when"] = {"var": T, "min": lo, **({"max": hi} if hi is not None else {})}
             if inst.smem:
                 launch["shared_mem"] = inst.smem
             launches.append(launch)
@@ -109,7 +122,10 @@ class Op:
         if missing:
             raise KeyError(f"op {self.name}: no argument for {missing}")
         out = [roles[r] for r in self.iface]
-        for _, typ, a, b in self.scalars:
+        for key, typ, a, b in self.scalars:
+            if key == "seqs":
+                out.append({"var": "seqs"})
+                continue
             out.append({"expr": {"add": [{"mul": ["rows", a]}, b]}} if b else
                        ({"var": "rows"} if a == 1 else {"expr": {"mul": ["rows", a]}}))
         return json.dumps(out)
@@ -133,7 +149,7 @@ def render(template: str, **ctx) -> list[dict]:
 def module_names(mined: Mined) -> dict:
     """sha256 -> module name: `vllm_` plus the families that module serves (sorted), unique per sha."""
     fams: dict[str, set] = {}
-    for (_, role), inst in mined.instances.items():
+    for inst in (i for variants in mined.instances.values() for i in variants):
         fams.setdefault(inst.sha256, set()).add(inst.family.match.split("_kernel")[0].strip("_"))
     names, out = set(), {}
     for sha in sorted(fams):
@@ -145,19 +161,24 @@ def module_names(mined: Mined) -> dict:
     return out
 
 
+def _variants(mined: Mined, phase: str, role: str) -> list:
+    """[(role, instance)] for every build the capture shows at a call site (one unless `when` splits it)."""
+    return [(role, inst) for inst in mined.instances[(phase, role)]]
+
+
 def _ops(cfg, mined: Mined, phase: str) -> dict:
     T = "rows" if phase == "p" else 1
     ops = {}
     for role in ("in_norm", "add_norm", "q_norm", "k_norm", "rope", "cache", "silu"):
-        ops[role] = Op(f"{phase}.{role}", [(role, mined.instances[(phase, role)])], {}, cfg, mined, T)
+        ops[role] = Op(f"{phase}.{role}", _variants(mined, phase, role), {}, cfg, mined, T)
     if phase == "p":
-        ops["attn"] = Op("p.attn", [("attn", mined.instances[("p", "attn")])], {}, cfg, mined, T)
+        ops["attn"] = Op("p.attn", _variants(mined, "p", "attn"), {}, cfg, mined, T)
     else:
         pad = 1 << (cfg.head_dim - 1).bit_length()
         seg = {"segm_out": cfg.heads * mined.segments * pad, "segm_max": cfg.heads * mined.segments,
                "segm_expsum": cfg.heads * mined.segments}
-        ops["attn"] = Op("d.attn", [("attn3d", mined.instances[("d", "attn3d")]),
-                                    ("reduce", mined.instances[("d", "reduce")])], seg, cfg, mined, T)
+        ops["attn"] = Op("d.attn", _variants(mined, "d", "attn3d") + _variants(mined, "d", "reduce"),
+                         seg, cfg, mined, T)
     return ops
 
 

@@ -42,6 +42,12 @@ class Qwen3:
         return self.q_size + 2 * self.kv_size
 
     @property
+    def block_q(self) -> int:
+        """Query rows per block of vLLM's unified Triton attention: 16 rows' worth of q heads per KV head."""
+        qpk = self.heads // self.kv_heads
+        return (16 if qpk <= 16 else 1 << (qpk - 1).bit_length()) // qpk
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """One layer's K and V for one token, bf16."""
         return 2 * self.kv_size * 2

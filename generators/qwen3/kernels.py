@@ -61,6 +61,9 @@ ATTN3D = Family("kernel_unified_attention", 31, {
 # rms_norm's and fused_add's hidden-size and token-count scalars, used to read a forward's structure
 RMS_TOKENS, RMS_HIDDEN = 10, 11
 FADD_TOKENS, FADD_HIDDEN = 5, 6
+# kernel_unified_attention's num_seqs (2D and 3D builds): tells single-sequence forwards from
+# vLLM's warm-ups that batch one token per sequence
+NUM_SEQS = 25
 F32_EXPECT = {("rms", 9): "eps", ("fadd", 4): "eps", ("attn", 6): "scale"}
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, RMS_HIDDEN, Family, tag
+from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
 
 
 class WiringMismatch(ValueError):
@@ -43,6 +43,7 @@ class Launch:
     alloc: tuple           # per param: (buffer_id, ptr_off) when it points into an allocation, else None
     forward: int = -1
     tokens: int = 0
+    seqs: int = 1          # sequences in the forward (attention's num_seqs); warm-ups batch many
     layer: int = -1
     role: str = ""
 
@@ -71,11 +72,12 @@ class Instance:
     smem: int
     launches: list = field(default_factory=list)
     scalars: dict = field(default_factory=dict)   # index -> ("const", type, value) | ("affine", type, a, b)
+    when: tuple | None = None                      # (min, max | None) row range this build serves; None: all
 
 
 @dataclass
 class Mined:
-    instances: dict            # (phase, role) -> Instance
+    instances: dict            # (phase, role) -> [Instance], one per build (see `_split_builds`)
     forwards: list             # [(forward, phase, tokens)]
     skipped: int               # forwards left out for their structure
     cubins: dict               # sha256 -> path of the cubin in the dump (None when absent)
@@ -182,8 +184,23 @@ def _family(x: Launch) -> Family:
     return ATTN3D if x.role == "attn3d" else FAMILIES[x.tag]
 
 
+def _seqs(fwd: list[Launch], tokens: int, cfg) -> int:
+    """Sequences in a forward, from the attention grid (one q block per BLOCK_Q rows plus one per
+    sequence), proved against the kernel's num_seqs argument. vLLM's warm-ups batch one token per
+    sequence; the manifest's programs run one sequence per call."""
+    attn = [x for x in fwd if x.role in ("attn", "attn3d")]
+    seqs = attn[0].grid[0] - tokens // cfg.block_q
+    for x in attn:
+        if x.grid[0] - tokens // cfg.block_q != seqs or x.values[NUM_SEQS] != seqs:
+            raise WiringMismatch(f"{x.site()}: grid x {x.grid[0]} and num_seqs {x.values[NUM_SEQS]} do not agree "
+                                 f"with {tokens} rows in {cfg.block_q}-row query blocks plus one block per sequence")
+    return seqs
+
+
 def _scalar(inst: Instance, i: int) -> tuple:
     xs = inst.launches
+    if i == NUM_SEQS and inst.family.match == "kernel_unified_attention":
+        return ("seqs", "i32")
     size = inst.sizes[i]
     is_f = i in inst.family.floats
     typ = "f32" if is_f else {1: "u8", 4: "i32", 8: "i64"}.get(size)
@@ -213,7 +230,50 @@ def _scalar(inst: Instance, i: int) -> tuple:
                          "a multiple of the token count plus a constant")
 
 
+def _split_builds(xs: list[Launch]) -> list[tuple[list[Launch], tuple | None]]:
+    """One (launches, when) per kernel build of a call site, or a WiringMismatch.
+
+    vLLM picks some launch shapes by the token count (fused_add_rms_norm: 1024 threads below 256
+    tokens, 256 above). Builds that share symbol, cubin, registers and ABI and differ only in
+    block/shared memory become launches guarded by `when` ranges of the row count, provided the
+    token counts they were seen at do not interleave. The boundary between two seen ranges is not
+    pinned by the data; the smallest power of two inside the gap is taken (the fitter's canonical
+    choice) and recorded in the manifest through the ranges.
+    """
+    key = lambda x: (x.symbol, x.sha256, x.regs, x.sizes, x.block, x.smem)  # noqa: E731
+    builds: dict[tuple, list[Launch]] = {}
+    for x in xs:
+        builds.setdefault(key(x), []).append(x)
+    if len(builds) == 1:
+        return [(xs, None)]
+    ordered = sorted(builds.values(), key=lambda g: min(x.tokens for x in g))
+    first, other = ordered[0][0], ordered[1][0]
+    if len({(x.symbol, x.sha256, x.regs, x.sizes) for x in xs}) > 1:
+        raise WiringMismatch(f"{other.site()}: launches a second build of the kernel (regs {other.regs}, block "
+                             f"{list(other.block)}, smem {other.smem}, sha256 {other.sha256[:12]}) where other forwards "
+                             f"launch regs {first.regs}, block {list(first.block)}, smem {first.smem}, sha256 "
+                             f"{first.sha256[:12]}")
+    out, lo = [], 1
+    for n, group in enumerate(ordered):
+        t_lo, t_hi = min(x.tokens for x in group), max(x.tokens for x in group)
+        if n + 1 < len(ordered):
+            nxt = min(x.tokens for x in ordered[n + 1])
+            if nxt <= t_hi:
+                bad = next(x for x in ordered[n + 1] if x.tokens <= t_hi)
+                raise WiringMismatch(f"{bad.site()}: launches block {list(bad.block)} at {bad.tokens} tokens, inside "
+                                     f"the range {t_lo}..{t_hi} where the kernel runs with block {list(group[0].block)}; "
+                                     "the shape does not follow the token count")
+            edge = 1 << t_hi.bit_length()          # smallest power of two above t_hi
+            hi = (edge if edge <= nxt else nxt) - 1
+            out.append((group, (lo, hi)))
+            lo = hi + 1
+        else:
+            out.append((group, (lo, None)))
+    return out
+
+
 def _instances(fwds: list[list[Launch]]) -> dict:
+    """(phase, role) -> [Instance], one per build, each with its `when` row range (None: always)."""
     groups: dict[tuple, list[Launch]] = {}
     for fwd in fwds:
         phase = "d" if any(x.role == "attn3d" for x in fwd) else "p"
@@ -222,66 +282,81 @@ def _instances(fwds: list[list[Launch]]) -> dict:
     out = {}
     for key, xs in sorted(groups.items()):
         fam = _family(xs[0])
-        builds = {(x.symbol, x.sha256, x.regs, x.sizes, x.block, x.smem) for x in xs}
-        if len(builds) > 1:
-            a, b = sorted(builds)[:2]
-            other = next(x for x in xs if (x.symbol, x.sha256, x.regs, x.sizes, x.block, x.smem) == b)
-            raise WiringMismatch(f"{other.site()}: launches a second build of the kernel (regs {b[2]}, block "
-                                 f"{list(b[4])}, smem {b[5]}, sha256 {b[1][:12]}) where other forwards launch "
-                                 f"regs {a[2]}, block {list(a[4])}, smem {a[5]}, sha256 {a[1][:12]}")
-        sym, sha, regs, sizes, block, smem = builds.pop()
-        if len(sizes) != fam.n_params:
-            raise WiringMismatch(f"{xs[0].site()}: the captured kernel takes {len(sizes)} params {list(sizes)}, "
-                                 f"the vLLM 0.26 model of `{fam.match}` has {fam.n_params}")
-        for i in fam.ptrs:
-            if sizes[i] != 8:
-                raise WiringMismatch(f"{xs[0].site()}: param #{i} ({fam.ptrs[i][0]}) is {sizes[i]} bytes, not a pointer")
-        if not sha:
-            raise WiringMismatch(f"{xs[0].site()}: the capture did not resolve the launch's module")
-        inst = Instance(fam, sym, sha, regs, sizes, block, smem, xs)
-        inst.scalars = {i: _scalar(inst, i) for i in range(len(sizes)) if i not in fam.ptrs}
-        out[key] = inst
+        variants = []
+        for group, when in _split_builds(xs):
+            x0 = group[0]
+            sym, sha, regs, sizes, block, smem = x0.symbol, x0.sha256, x0.regs, x0.sizes, x0.block, x0.smem
+            if len(sizes) != fam.n_params:
+                raise WiringMismatch(f"{x0.site()}: the captured kernel takes {len(sizes)} params {list(sizes)}, "
+                                     f"the vLLM 0.26 model of `{fam.match}` has {fam.n_params}")
+            for i in fam.ptrs:
+                if sizes[i] != 8:
+                    raise WiringMismatch(f"{x0.site()}: param #{i} ({fam.ptrs[i][0]}) is {sizes[i]} bytes, not a pointer")
+            if not sha:
+                raise WiringMismatch(f"{x0.site()}: the capture did not resolve the launch's module")
+            inst = Instance(fam, sym, sha, regs, sizes, block, smem, group, when=when)
+            inst.scalars = {i: _scalar(inst, i) for i in range(len(sizes)) if i not in fam.ptrs}
+            variants.append(inst)
+        out[key] = variants
     return out
 
 
 # ------------------------------------------------------------------ model facts the scalars must show
 def _expected(cfg, bs: int) -> dict:
-    """(role, param index) -> the value the model implies: an int, a float (f32), or ("tokens", a)."""
-    D, kvb = cfg.head_dim, cfg.kv_heads * bs * 2 * cfg.head_dim
+    """(role, param index) -> the value the model implies: an int, a float (f32), or ("tokens", a).
+
+    The KV layout these strides describe is vLLM 0.26's for the Triton backend, per layer:
+    [block][token in block][kv head][K | V][head_dim], so one token's K and V of all heads sit in
+    one 2·H·D-element row (the manifest's `bytes_per_token`) and V is D elements past K.
+    """
+    D, H = cfg.head_dim, cfg.kv_heads
+    token_row, block_stride = H * 2 * D, bs * H * 2 * D
     e = {("in_norm", 9): cfg.eps, ("in_norm", 10): ("tokens", 1), ("in_norm", 11): cfg.hidden,
          ("q_norm", 9): cfg.eps, ("q_norm", 10): ("tokens", cfg.heads), ("q_norm", 11): D,
          ("k_norm", 9): cfg.eps, ("k_norm", 10): ("tokens", cfg.kv_heads), ("k_norm", 11): D,
          ("add_norm", 4): cfg.eps, ("add_norm", 5): ("tokens", 1), ("add_norm", 6): cfg.hidden,
          ("rope", 4): D, ("rope", 8): cfg.heads, ("rope", 9): cfg.kv_heads, ("rope", 10): D,
-         ("cache", 7): cfg.kv_size, ("cache", 8): cfg.qkv_size, ("cache", 9): kvb, ("cache", 10): bs * 2 * D,
-         ("cache", 13): 2 * D,
+         # reshape_and_cache_kernel_flash: key/value row strides, block, head, dim (unused: 0), token strides
+         ("cache", 7): cfg.kv_size, ("cache", 8): cfg.qkv_size, ("cache", 9): block_stride, ("cache", 10): 2 * D,
+         ("cache", 11): 0, ("cache", 12): 0, ("cache", 13): token_row,
          ("reduce", 6): cfg.q_size, ("reduce", 7): D}
     for role in ("attn", "attn3d"):
         e.update({(role, 6): D ** -0.5, (role, 12): cfg.q_size, (role, 13): D, (role, 14): cfg.q_size,
-                  (role, 15): D, (role, 18): kvb, (role, 19): 2 * D, (role, 20): bs * 2 * D, (role, 21): kvb,
-                  (role, 22): 2 * D, (role, 23): bs * 2 * D})
+                  (role, 15): D, (role, 18): block_stride, (role, 19): token_row, (role, 20): 2 * D,
+                  (role, 21): block_stride, (role, 22): token_row, (role, 23): 2 * D})
     return e
+
+
+# Row strides: with one row per launch (decode) the kernel never multiplies by them, and vLLM
+# passes whatever stride its view reports (1024 for the value view where prefill shows 4096).
+ROW_STRIDES = {("cache", 7), ("cache", 8), ("attn", 12), ("attn", 14), ("attn3d", 12), ("attn3d", 14),
+               ("reduce", 6)}
 
 
 def _check_scalars(instances: dict, cfg, bs: int) -> None:
     want = _expected(cfg, bs)
-    for (phase, role), inst in instances.items():
-        for (r, i), w in want.items():
-            if r != role:
-                continue
-            got = inst.scalars[i]
-            x = inst.launches[0]
-            if isinstance(w, float):
-                ok = got[0] == "const" and np.float32(got[2]) == np.float32(w)
-            elif isinstance(w, tuple):
-                ok = (got[0] == "affine" and got[2:] == (w[1], 0)) or (
-                    got[0] == "const" and all(x_.tokens * w[1] == got[2] for x_ in inst.launches))
-            else:
-                ok = got[0] == "const" and got[2] == w
-            if not ok:
-                shown = w if not isinstance(w, tuple) else f"{w[1]} x tokens"
-                raise WiringMismatch(f"{x.site()}: param #{i} is {got[2:] if got[0] == 'affine' else got[2]}, "
-                                     f"the Qwen3 layout the generator writes needs {shown}")
+    for (phase, role), variants in instances.items():
+        for inst in variants:
+            one_row = all(x.tokens == 1 for x in inst.launches)
+            for (r, i), w in want.items():
+                if r == role and not (one_row and (r, i) in ROW_STRIDES):
+                    _check_scalar(inst, i, w)
+
+
+def _check_scalar(inst: Instance, i: int, w) -> None:
+    got = inst.scalars[i]
+    x = inst.launches[0]
+    if isinstance(w, float):
+        ok = got[0] == "const" and np.float32(got[2]) == np.float32(w)
+    elif isinstance(w, tuple):
+        ok = (got[0] == "affine" and got[2:] == (w[1], 0)) or (
+            got[0] == "const" and all(x_.tokens * w[1] == got[2] for x_ in inst.launches))
+    else:
+        ok = got[0] == "const" and got[2] == w
+    if not ok:
+        shown = w if not isinstance(w, tuple) else f"{w[1]} x tokens"
+        raise WiringMismatch(f"{x.site()}: param #{i} is {got[2:] if got[0] == 'affine' else got[2]}, "
+                             f"the Qwen3 layout the generator writes needs {shown}")
 
 
 # ------------------------------------------------------------------ the wiring, proved on addresses
@@ -378,8 +453,9 @@ def mine(dump, cfg) -> Mined:
     result = []
     for n, fwd in enumerate(fwds):
         tokens = next(x for x in fwd if x.role == "rope").grid[0]
+        seqs = _seqs(fwd, tokens, cfg)
         for x in fwd:
-            x.forward, x.tokens = n, tokens
+            x.forward, x.tokens, x.seqs = n, tokens, seqs
         result.append((n, "d" if any(x.role == "attn3d" for x in fwd) else "p", tokens))
     phases = {p for _, p, _ in result}
     if phases != {"p", "d"}:
@@ -390,17 +466,17 @@ def mine(dump, cfg) -> Mined:
         check(fwd, cfg)
     _check_stable(fwds)
     inst = _instances(fwds)
-    cache = inst[("p", "cache")]
-    head_stride = cache.scalars[10][2]
-    bs = head_stride // (2 * cfg.head_dim) if head_stride > 0 else 0
-    if bs <= 0 or head_stride % (2 * cfg.head_dim):
-        raise WiringMismatch(f"{cache.launches[0].site()}: head stride {head_stride} is not a whole number of "
-                             f"{2 * cfg.head_dim}-element token rows")
+    cache = inst[("p", "cache")][0]
+    block_stride, token_row = cache.scalars[9][2], cache.scalars[13][2]
+    bs = block_stride // token_row if token_row > 0 else 0
+    if bs <= 0 or block_stride % token_row:
+        raise WiringMismatch(f"{cache.launches[0].site()}: block stride {block_stride} is not a whole number of "
+                             f"{token_row}-element token rows")
     _check_scalars(inst, cfg, bs)
     folder = dump.source.parent
     cubins = {}
-    for i in inst.values():
+    for i in (v for vs in inst.values() for v in vs):
         f = folder / "cubins" / f"{i.sha256}.cubin"
         cubins[i.sha256] = f if f.is_file() else None
-    return Mined(inst, result, skipped, cubins, str(dump.source), bs, inst[("p", "attn")].scalars[11][2],
-                 inst[("d", "attn3d")].launches[0].grid[2])
+    return Mined(inst, result, skipped, cubins, str(dump.source), bs, inst[("p", "attn")][0].scalars[11][2],
+                 inst[("d", "attn3d")][0].launches[0].grid[2])
