@@ -5,7 +5,8 @@
 Configurations (same binary, environment only):
   baseline      no injection
   filtered      injected, MINE_CAPTURE_INCLUDE matches nothing: CUPTI callback + layout-cache hit
-  full          injected, every launch recorded (JSON line, pointer classification, one write(2))
+  full          injected, every launch recorded (JSON line, pointer classification), mmap writer
+  full_write    the same with MINE_CAPTURE_WRITER=write (one write(2) per record: the old writer)
   modules_only  injected, MINE_CAPTURE_MODULES_ONLY=1 (no launch callbacks at all)
 The model forward (examples/torch_forward.py --bench) runs without and with full capture.
 Reports medians over repeats. A benchmark, not a test: it asserts nothing.
@@ -59,6 +60,7 @@ def main() -> None:
         "modules_only": dict(inj, MINE_CAPTURE_MODULES_ONLY="1"),
         "filtered": dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$"),
         "full": inj,
+        "full_write": dict(inj, MINE_CAPTURE_WRITER="write"),
     }
     res = {name: [] for name in configs}
     for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
@@ -77,16 +79,18 @@ def main() -> None:
     }
     fwd = ROOT / "examples" / "torch_forward.py"
     try:
-        f_res = {"baseline": [], "full": []}
+        f_res = {"baseline": [], "full": [], "full_write": []}
         for _ in range(3):
-            f_res["baseline"].append(run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], base_env))
-            f_res["full"].append(run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], inj))
+            for cfg in f_res:
+                f_res[cfg].append(run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], configs[cfg]))
             subprocess.run(["rm", "-rf", str(tmp / "dump")])
         report["forward"] = {
             cfg: {k: statistics.median(r[k] for r in runs) for k in ("eager_us_per_forward", "graph_us_per_forward")}
             for cfg, runs in f_res.items()}
         report["forward"]["ratio_eager"] = (report["forward"]["full"]["eager_us_per_forward"]
                                             / report["forward"]["baseline"]["eager_us_per_forward"])
+        report["forward"]["ratio_eager_write"] = (report["forward"]["full_write"]["eager_us_per_forward"]
+                                                  / report["forward"]["baseline"]["eager_us_per_forward"])
         report["forward"]["ratio_graph"] = (report["forward"]["full"]["graph_us_per_forward"]
                                             / report["forward"]["baseline"]["graph_us_per_forward"])
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:

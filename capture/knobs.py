@@ -17,7 +17,8 @@ class Knob:
     env: str
     default: str  # as the C library sees it when unset ("" = no value)
     meaning: str
-    kind: str  # "path" | "regex" | "uint" | "bool"
+    kind: str  # "path" | "regex" | "uint" | "bool" | "choice"
+    choices: tuple[str, ...] = ()
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -29,6 +30,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_SKIP", "0", "do not record the first N launches that pass the filters", "uint"),
     Knob("MINE_CAPTURE_MODULES_ONLY", "0", "1: record modules and cubins, no launches", "bool"),
     Knob("MINE_CAPTURE_HOST_BYTES", "64", "bytes copied from a host pointee (at most 4096)", "uint"),
+    Knob("MINE_CAPTURE_WRITER", "mmap",
+         "mmap: launches/graphs go through a shared file mapping (no syscall per record; a killed "
+         "process leaves NUL bytes after the last record); write: one write(2) per record (slower, "
+         "files always exact)", "choice", ("mmap", "write")),
 )
 BY_ENV = {k.env: k for k in KNOBS}
 INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us
@@ -53,6 +58,10 @@ def check_value(env: str, value: str) -> str:
         if value.lower() in ("0", "false", "no", "off", ""):
             return "0"
         raise ValueError(f"{env} must be 0 or 1, got {value!r}.")
+    if knob.kind == "choice":
+        if value.lower() not in knob.choices:
+            raise ValueError(f"{env} must be one of {', '.join(knob.choices)}, got {value!r}.")
+        return value.lower()
     if knob.kind == "regex" and value:
         try:
             re.compile(value)

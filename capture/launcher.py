@@ -98,7 +98,16 @@ def _lines(path: Path):
     with open(path, "rb") as f:
         for raw in f:
             if raw.endswith(b"\n"):
-                yield raw
+                raw = record_bytes(raw)
+                if raw.strip():
+                    yield raw
+
+
+def record_bytes(line: bytes) -> bytes:
+    """A line as the mmap writer may leave it after a kill: the record is what follows the last NUL
+    (NULs in front are a record that was reserved but never written; a line that still does not
+    parse is one that was cut short). Lines of a cleanly finished process hold no NUL."""
+    return line.rpartition(b"\0")[2] if b"\0" in line else line
 
 
 def summarize_process(folder: Path) -> ProcessSummary:
@@ -114,10 +123,11 @@ def summarize_process(folder: Path) -> ProcessSummary:
     path = folder / "launches.jsonl"
     if path.is_file():
         data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
+        if data.rstrip(b"\0") and not data.rstrip(b"\0").endswith(b"\n"):
             s.truncated_lines = 1
         for raw in data.splitlines(keepends=True):
-            if not raw.endswith(b"\n"):
+            raw = record_bytes(raw)
+            if not raw.endswith(b"\n") or not raw.strip():
                 continue
             s.launches += 1
             line = raw.decode("utf-8", "replace")

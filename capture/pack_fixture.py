@@ -39,6 +39,9 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                     add_bytes(f"{rel}/{name}", (proc / name).read_bytes())
             lines = (proc / "launches.jsonl").read_bytes().splitlines(keepends=True) \
                 if (proc / "launches.jsonl").is_file() else []
+            # a killed process's mmap-written file: NUL runs before a record, NUL tail (dump-format.md)
+            lines = [x.rpartition(b"\0")[2] for x in lines]
+            lines = [x for x in lines if x.endswith(b"\n") and x.strip()]
             add_bytes(f"{rel}/launches.jsonl", b"".join(lines[:max_launches]))
             closed, no_entries = set(), set()
             for line in (proc / "modules.jsonl").read_text().splitlines() if (proc / "modules.jsonl").is_file() else []:

@@ -4,7 +4,12 @@
  * Device: one cuPointerGetAttributes call gives memory type, allocation range and the driver's
  * process-unique BUFFER_ID (a reused address gets a new id). Hits are kept in a small per-thread
  * cache that every free API (cuMemFree*, cuMemRelease, cuMemUnmap) invalidates through a global
- * epoch, so the launch path takes no lock. Host: the pointee is copied with process_vm_readv on
+ * epoch, so the launch path takes no lock. Words the driver said are not device memory are kept in a
+ * second per-thread cache (keyed by the value) that every allocation or mapping API (cuMemAlloc*,
+ * cuMemMap, cuIpcOpenMemHandle, cuMemPoolImportPointer, ...; callbacks.c) invalidates through a
+ * second epoch: an integer that looks like an address costs one driver call per allocation epoch,
+ * not one per launch. Both epochs are bumped at the API's exit, before the caller can hold the new
+ * pointer, and each entry keeps the epoch read before its query, so a race only loses an entry. Host: the pointee is copied with process_vm_readv on
  * our own pid, which returns EFAULT instead of faulting on unmapped memory.
  * Not checked: whether a word that lands in an allocation really is a pointer (an integer can
  * alias one); analysis decides that across launches. */
@@ -20,6 +25,8 @@
 typedef struct { uint64_t base, size, id; unsigned epoch; } cache_ent_t;
 static __thread cache_ent_t tl_cache[CACHE_N];
 static __thread unsigned tl_next;
+#define NEG_N 64
+static __thread struct { uint64_t v; unsigned epoch; } tl_neg[NEG_N];
 
 int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   if (!PLAUSIBLE(v)) return 0;
@@ -31,6 +38,9 @@ int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
       return 1;
     }
   }
+  unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
+  unsigned slot = (unsigned)((v >> 4) ^ (v >> 12)) % NEG_N;
+  if (tl_neg[slot].epoch == aep && tl_neg[slot].v == v) return 0;
   unsigned int mtype = 0;
   CUdeviceptr start = 0;
   size_t size = 0;
@@ -40,7 +50,10 @@ int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   void *data[4] = {&mtype, &start, &size, &id};
   /* Unlike the singular query, this one answers "not a CUDA pointer" with zeros and success. */
   if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)v) != CUDA_SUCCESS) return 0;
-  if ((mtype != CU_MEMORYTYPE_DEVICE && mtype != CU_MEMORYTYPE_UNIFIED) || size == 0) return 0;
+  if ((mtype != CU_MEMORYTYPE_DEVICE && mtype != CU_MEMORYTYPE_UNIFIED) || size == 0) {
+    tl_neg[slot].v = v; tl_neg[slot].epoch = aep;
+    return 0;
+  }
   cache_ent_t *c = &tl_cache[tl_next++ % CACHE_N];
   c->base = start; c->size = size; c->id = id; c->epoch = ep;
   out->base = start; out->size = size; out->id = id;

@@ -13,6 +13,11 @@
 
 static __thread int tl_in_cb;
 
+/* Allocation and mapping APIs: a value that was not device memory may be now (alloc.c). */
+#define ALLOC_IDS(X) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemAllocManaged) X(cuMemMap) X(cuMemSetAccess) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuMemPoolImportPointer) X(cuExternalMemoryGetMappedBuffer) X(cuGraphicsResourceGetMappedPointer) X(cuGraphicsResourceGetMappedPointer_v2) X(cuMemHostAlloc) X(cuMemHostAlloc_v2) X(cuMemAllocHost) X(cuMemAllocHost_v2) X(cuMemHostRegister) X(cuMemHostRegister_v2)
+#define CBID_CASE(n) case CUPTI_DRIVER_TRACE_CBID_##n:
+#define CBID_LIST(n) CUPTI_DRIVER_TRACE_CBID_##n,
+
 /* ---- tensor maps: a seqlock-guarded ring the launch path reads without a lock ---- */
 #define TMAP_RING 4096
 typedef struct { atomic_uint ver; int64_t seq; unsigned char bytes[128]; } tmap_t;
@@ -436,6 +441,9 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap:
     atomic_fetch_add_explicit(&mc_free_epoch, 1, memory_order_release);
     break;
+  ALLOC_IDS(CBID_CASE)
+    atomic_fetch_add_explicit(&mc_alloc_epoch, 1, memory_order_release);
+    break;
   case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled: case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col:
   case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2colWide:
     on_tensormap(cbid, d);
@@ -455,6 +463,7 @@ static const CUpti_CallbackId launch_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuMemFree, CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync, CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuMemRelease, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap,
+    ALLOC_IDS(CBID_LIST)
     CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled, CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col,
     CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2colWide,
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,

@@ -23,6 +23,7 @@ mc_knobs_t mc_knobs;
 mc_counters_t mc_cnt;
 atomic_int mc_off;
 atomic_uint mc_free_epoch;
+atomic_uint mc_alloc_epoch;
 atomic_int mc_capturing;
 int mc_pid;
 const char *const mc_fn_names[MC_FN_COUNT] = {
@@ -128,6 +129,11 @@ static void read_knobs(void) {
   mc_knobs.modules_only = env_u64("MINE_CAPTURE_MODULES_ONLY", 0) != 0;
   mc_knobs.host_bytes = (unsigned)env_u64("MINE_CAPTURE_HOST_BYTES", 64);
   if (mc_knobs.host_bytes > 4096) mc_knobs.host_bytes = 4096;
+  const char *w = getenv("MINE_CAPTURE_WRITER");
+  if (w && *w && strcmp(w, "mmap") != 0) {
+    if (strcmp(w, "write") == 0) mc_knobs.writer_write = 1;
+    else fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_WRITER=%s: not write or mmap\n", w);
+  }
 }
 
 /* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
@@ -228,6 +234,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"skip\":"); jb_u64(&b, mc_knobs.skip);
   jb_lit(&b, ",\"modules_only\":"); jb_u64(&b, (uint64_t)mc_knobs.modules_only);
   jb_lit(&b, ",\"host_bytes\":"); jb_u64(&b, mc_knobs.host_bytes);
+  jb_lit(&b, ",\"writer\":"); jb_str(&b, mc_writer_name());
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
@@ -270,7 +277,15 @@ void mc_meta_write(int final) {
 static int files_opened_pid;
 
 static void at_exit(void) {
+  static int done_pid;
+  if (done_pid == mc_pid) return; /* atexit and the destructor both come here */
+  done_pid = mc_pid;
+  mc_files_finalize();
   if (files_opened_pid == mc_pid && mc_pid_dir()[0]) mc_meta_write(1);
+}
+
+__attribute__((destructor)) static void at_unload(void) {
+  if (mc_pid) at_exit();
 }
 
 static void fork_child(void) {

@@ -7,7 +7,7 @@
  * failure means the capture cannot continue turn capture off with one line on stderr.
  * Files: init.c (knobs, start, fork, exit), callbacks.c (CUPTI dispatch, launch records),
  * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
- * classification), writer.c (JSON building, one write(2) per record, sha256). */
+ * classification), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
 #ifndef MC_H
 #define MC_H
 
@@ -31,7 +31,7 @@
   X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)
 
 #define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
-  X(cuptiGetVersion) X(write) X(open) X(mkdir)
+  X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)
 
 typedef struct {
 #define MC_DECL(fn) __typeof__(&fn) fn;
@@ -70,12 +70,14 @@ typedef struct {
   uint64_t max_launches, max_bytes, skip;
   int modules_only;
   unsigned host_bytes;
+  int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 
 /* Global state. */
 extern atomic_int mc_off;            /* 1: capture turned itself off */
 extern atomic_uint mc_free_epoch;    /* bumped on every free: invalidates pointer caches */
+extern atomic_uint mc_alloc_epoch;   /* bumped on every allocation/mapping: invalidates "not device" */
 extern atomic_int mc_capturing;      /* streams being captured into graphs right now */
 extern int mc_pid;
 enum { MC_DROP_FILTERED, MC_DROP_SKIP, MC_DROP_MAX_LAUNCHES, MC_DROP_MAX_BYTES, MC_DROP_OFF,
@@ -110,6 +112,8 @@ enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_COUNT };
 int mc_files_open(void);               /* 0 ok; makes DIR/pid<N>/ and opens the files */
 void mc_files_reset_after_fork(void);
 int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
+void mc_files_finalize(void);          /* seal mapped files, cut them to their length (exit) */
+const char *mc_writer_name(void);      /* "mmap" | "write" */
 /* Writes one record: b holds the body after the opening brace, without the closing one.
  * With seq_file, a per-file sequence number is put in front; returns it (or -1 when dropped). */
 int64_t mc_write_record(int file, jb_t *b, int with_seq);

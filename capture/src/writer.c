@@ -1,31 +1,92 @@
 /* writer.c: JSON building in a per-thread buffer, the dump files, and sha256.
  *
- * Every record is one write(2) on an O_APPEND descriptor, built completely in the calling
- * thread's buffer first, so a SIGKILL leaves files that parse up to their last whole line.
- * Records that carry `seq` take the file's small mutex only around numbering and the write, so
- * file order equals seq order. A failed or short write turns capture off (one stderr line).
- * Not checked: free space ahead of time; MINE_CAPTURE_MAX_BYTES bounds what we write. */
+ * Two writers (MINE_CAPTURE_WRITER; docs/dump-format.md "Writers"):
+ *
+ * mmap (default) for launches.jsonl and graphs.jsonl, the per-launch files. The file is a
+ * MAP_SHARED mapping in fixed 64 MiB windows, each mapped once and never unmapped while the
+ * process may write (so no thread can ever write into a vanished mapping). A record is built whole
+ * in the calling thread's buffer, then its place is reserved with one lock-free 16-byte
+ * compare-and-swap on {end offset, next seq} (x86-64 cmpxchg16b; elsewhere a mutex held for a few
+ * instructions), so file order equals seq order with no lock on the launch path and no syscall.
+ * The record's last byte ('\n') is stored first, then the rest: a record cut short by SIGKILL is
+ * one bad line of its own and never glues onto a neighbour. The file is preallocated with
+ * fallocate(2) ahead of the writers (geometric steps, 64 KiB .. 8 MiB) by whichever thread first
+ * needs more; nobody touches a byte past what fallocate granted, so a full disk is an error return
+ * (capture off, one stderr line), never a SIGBUS. A helper thread (started with the files, all
+ * signals blocked, never calls CUDA) keeps 1 MiB ahead of the writers granted and faulted in
+ * (MADV_POPULATE_WRITE): a first touch of a page costs ~2 us in a VM, which would otherwise land
+ * on every ~6th launch. Woken by the record that crosses a 256 KiB mark.
+ * A record that straddles two windows (or finds no mapping) is written with pwrite(2) at its
+ * reserved offset (same page cache). At exit (atexit and the library destructor) the file is
+ * sealed and truncated to its true length; records made after the seal are pwrite(2) appends.
+ * Dirty pages of a shared file mapping belong to the page cache, so they survive SIGKILL; a
+ * killed process (or one that leaves through _exit/exec) leaves a tail of NUL bytes after the
+ * last record, and a record that was being written at the kill may be a line holding NULs or a
+ * run of NULs in front of the next record. Readers: take the bytes after the last NUL of each line.
+ * A filesystem without fallocate makes that file use the write writer.
+ *
+ * write for modules.jsonl and tensormaps.jsonl (rare records; the file stays exact after any
+ * death), and for all four files with MINE_CAPTURE_WRITER=write: one write(2) per record on an
+ * O_APPEND descriptor, seq taken under the file's mutex together with the write.
+ *
+ * A failed write/fallocate turns capture off (one stderr line). Fork: the child drops the
+ * parent's descriptors and mappings (without touching the parent's files) and opens its own
+ * files at its first record. MINE_CAPTURE_MAX_BYTES bounds what we write. */
 #include "mc.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.jsonl",
                                                    "graphs.jsonl", "tensormaps.jsonl"};
-static int fds[MC_F_COUNT] = {-1, -1, -1, -1};
-static int64_t seqs[MC_F_COUNT];
-static pthread_mutex_t file_lock[MC_F_COUNT] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-                                                PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1};      /* records carry seq */
+static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0};      /* mmap writer when chosen */
+
+#define WIN_SHIFT 26                           /* 64 MiB windows */
+#define WIN_SIZE (1ull << WIN_SHIFT)
+#define MAX_WIN 16384                          /* 1 TiB per file */
+#define GROW_MIN (64ull << 10)
+#define GROW_MAX (8ull << 20)
+#ifndef PREFAULT
+#define PREFAULT (256ull << 10)
+#endif
+#define SEALED (1ull << 63)
+
+typedef struct {
+  _Alignas(16) uint64_t st[2];  /* mmap: st[0] bytes reserved (= end), st[1] next seq | SEALED */
+  int fd, mapped;               /* mapped: this file uses the mmap writer */
+  int final;                    /* sealed and truncated (under grow) */
+  atomic_ullong size;           /* bytes fallocate granted; nobody touches a byte past it */
+  pthread_mutex_t grow;         /* fallocate, window mapping, seal */
+  pthread_mutex_t lock;         /* write writer; mmap after the seal; reservation off x86-64 */
+  int64_t seq;                  /* write writer */
+  uint64_t populated;           /* helper thread only: prefaulted up to here */
+  char *_Atomic win[MAX_WIN];
+} wfile_t;
+
+static wfile_t files[MC_F_COUNT];
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int need_open;        /* set in a forked child: open files at first record */
 static atomic_ullong bytes_written;
+static atomic_int populate_off;
 static char pid_dir[4200];
+#define AHEAD (1ull << 20)             /* the helper keeps this much ahead granted and faulted in */
+static pthread_mutex_t helper_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_cond = PTHREAD_COND_INITIALIZER;
+static int helper_work, helper_on;
+static int files_pid;               /* the process the open files belong to */
 
 static __thread jb_t tl_jb;
 
@@ -104,7 +165,7 @@ void jb_hex(jb_t *b, const void *p, size_t n) {
 }
 
 const char *mc_pid_dir(void) { return pid_dir; }
-
+const char *mc_writer_name(void) { return mc_knobs.writer_write ? "write" : "mmap"; }
 static int mkdir_p(const char *path) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s", path);
@@ -117,6 +178,129 @@ static int mkdir_p(const char *path) {
   if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
   struct stat st;
   if (stat(tmp, &st) != 0 || !S_ISDIR(st.st_mode)) { errno = ENOTDIR; return -1; }
+  return 0;
+}
+
+static void wfile_init(wfile_t *F) {
+  F->fd = -1; F->mapped = 0; F->final = 0; F->seq = 0; F->populated = 0;
+  F->st[0] = F->st[1] = 0;
+  atomic_store(&F->size, 0);
+  pthread_mutex_init(&F->grow, NULL);
+  pthread_mutex_init(&F->lock, NULL);
+}
+
+/* Grants bytes up to at least `want` (geometric steps); 0 when `end` is granted. Under F->grow. */
+static int grow_locked(wfile_t *F, uint64_t end, uint64_t want) {
+  uint64_t size = atomic_load_explicit(&F->size, memory_order_relaxed);
+  if (size >= want || F->final) return end <= size ? 0 : -1;
+  uint64_t step = size < GROW_MIN ? GROW_MIN : size > GROW_MAX ? GROW_MAX : size;
+  uint64_t to = size + step;
+  if (to < want) to = (want + GROW_MIN - 1) / GROW_MIN * GROW_MIN;
+  int r;
+  do r = fallocate(F->fd, 0, (off_t)size, (off_t)(to - size)); while (r != 0 && errno == EINTR);
+  if (r != 0) return -1;
+  atomic_store_explicit(&F->size, to, memory_order_release);
+  return 0;
+}
+
+static char *window(wfile_t *F, uint64_t k) {
+  char *w = atomic_load_explicit(&F->win[k], memory_order_acquire);
+  if (w) return w;
+  pthread_mutex_lock(&F->grow);
+  w = atomic_load_explicit(&F->win[k], memory_order_relaxed);
+  if (!w && F->fd >= 0) {
+    void *m = mmap(NULL, WIN_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, F->fd, (off_t)(k << WIN_SHIFT));
+    if (m == MAP_FAILED) mc_note_error(MC_FN_mmap, errno, 0); /* records here go through pwrite */
+    else atomic_store_explicit(&F->win[k], w = m, memory_order_release);
+  }
+  pthread_mutex_unlock(&F->grow);
+  return w;
+}
+
+/* The helper thread: grants and faults in the next AHEAD bytes of each mapped file, so the
+ * launch path finds its pages present (a first touch costs microseconds in a VM). Woken when a
+ * record crosses a PREFAULT mark; it never calls CUDA and has every signal blocked. If it is
+ * missing or behind, the launching thread grows and faults by itself: slower, never wrong. */
+static void prefault_ahead(wfile_t *F) {
+  uint64_t end = __atomic_load_n(&F->st[0], __ATOMIC_RELAXED);
+  uint64_t target = end / PREFAULT * PREFAULT + AHEAD;
+  pthread_mutex_lock(&F->grow);
+  int ok = !F->final && F->fd >= 0 && grow_locked(F, 0, target) == 0;
+  pthread_mutex_unlock(&F->grow);
+  if (!ok) return; /* a failed grow is seen, and reported, by the next record that needs it */
+  if (F->populated < end / PREFAULT * PREFAULT) F->populated = end / PREFAULT * PREFAULT;
+  while (F->populated < target && !atomic_load_explicit(&populate_off, memory_order_relaxed)) {
+    char *w = window(F, F->populated >> WIN_SHIFT);
+    if (!w) return;
+    if (madvise(w + (F->populated & (WIN_SIZE - 1)), PREFAULT, MADV_POPULATE_WRITE) != 0) {
+      if (errno == EINVAL) atomic_store(&populate_off, 1); /* kernel before 5.14 */
+      return; /* EFAULT after the seal cut the file: nothing to do */
+    }
+    F->populated += PREFAULT;
+  }
+}
+
+static void *helper_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&helper_lock);
+    while (!helper_work) pthread_cond_wait(&helper_cond, &helper_lock);
+    helper_work = 0;
+    pthread_mutex_unlock(&helper_lock);
+    for (int f = 0; f < MC_F_COUNT; f++)
+      if (files[f].mapped) prefault_ahead(&files[f]);
+  }
+  return NULL;
+}
+
+static void helper_kick(void) {
+  pthread_mutex_lock(&helper_lock);
+  helper_work = 1;
+  pthread_cond_signal(&helper_cond);
+  pthread_mutex_unlock(&helper_lock);
+}
+
+static void helper_start(void) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_t t;
+  pthread_attr_t a;
+  if (pthread_attr_init(&a) != 0) return;
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&a, 64 << 10);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  helper_on = pthread_create(&t, &a, helper_main, NULL) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&a);
+  if (helper_on) helper_kick();
+}
+
+static int open_one(int f) {
+  wfile_t *F = &files[f];
+  char p[4300];
+  snprintf(p, sizeof p, "%s/%s", pid_dir, file_names[f]);
+  int mapped = file_hot[f] && !mc_knobs.writer_write;
+  F->fd = open(p, (mapped ? O_RDWR : O_WRONLY | O_APPEND) | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (F->fd < 0) {
+    mc_note_error(MC_FN_open, errno, 0);
+    mc_disable("cannot open %s (%s)", p, strerror(errno));
+    return -1;
+  }
+  if (mapped) {
+    pthread_mutex_lock(&F->grow);
+    int r = grow_locked(F, 0, GROW_MIN);
+    int e = errno;
+    pthread_mutex_unlock(&F->grow);
+    if (r != 0 && (e == EOPNOTSUPP || e == ENOSYS || e == EINVAL)) {
+      mapped = 0; /* no fallocate here: a sparse mapping could SIGBUS on a full disk */
+      if (fcntl(F->fd, F_SETFL, O_APPEND) != 0) mc_note_error(MC_FN_open, errno, 0);
+    } else if (r != 0) {
+      mc_note_error(MC_FN_fallocate, e, 0);
+      mc_disable("cannot allocate %s (%s)", p, strerror(e));
+      return -1;
+    }
+  }
+  F->mapped = mapped;
   return 0;
 }
 
@@ -134,28 +318,35 @@ int mc_files_open(void) {
     mc_disable("cannot create %s (%s)", p, strerror(errno));
     return -1;
   }
+  files_pid = mc_pid;
   for (int f = 0; f < MC_F_COUNT; f++) {
-    snprintf(p, sizeof p, "%s/%s", pid_dir, file_names[f]);
-    fds[f] = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (fds[f] < 0) {
-      mc_note_error(MC_FN_open, errno, 0);
-      mc_disable("cannot open %s (%s)", p, strerror(errno));
-      return -1;
-    }
-    seqs[f] = 0;
+    wfile_init(&files[f]);
+    if (open_one(f) != 0) return -1;
   }
   atomic_store(&bytes_written, 0);
+  if (files[MC_F_LAUNCHES].mapped || files[MC_F_GRAPHS].mapped) helper_start();
   mc_meta_write(0);
   return 0;
 }
 
 void mc_files_reset_after_fork(void) {
+  /* Only this (child) process's view goes: the parent's files stay as they are. */
   for (int f = 0; f < MC_F_COUNT; f++) {
-    if (fds[f] >= 0) close(fds[f]);
-    fds[f] = -1;
-    pthread_mutex_init(&file_lock[f], NULL);
+    wfile_t *F = &files[f];
+    for (int k = 0; k < MAX_WIN; k++) {
+      char *w = atomic_load(&F->win[k]);
+      if (w) munmap(w, WIN_SIZE);
+      atomic_store(&F->win[k], NULL);
+    }
+    if (F->fd >= 0) close(F->fd);
+    wfile_init(F);
+    F->final = 1; /* nothing to seal until the child opens its own */
   }
   pthread_mutex_init(&open_lock, NULL);
+  pthread_mutex_init(&helper_lock, NULL); /* the helper thread is not in the child */
+  pthread_cond_init(&helper_cond, NULL);
+  helper_work = helper_on = 0;
+  files_pid = 0;
   atomic_store(&need_open, 1);
 }
 
@@ -176,10 +367,144 @@ static int write_all(int fd, const char *p, size_t n) {
   while (n) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
+    if (w <= 0) { if (w == 0) errno = ENOSPC; return -1; }
     p += w; n -= (size_t)w;
   }
   return 0;
+}
+
+static int pwrite_all(int fd, const char *p, size_t n, uint64_t off) {
+  while (n) {
+    ssize_t w = pwrite(fd, p, n, (off_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { if (w == 0) errno = ENOSPC; return -1; }
+    p += w; n -= (size_t)w; off += (uint64_t)w;
+  }
+  return 0;
+}
+
+static unsigned ndigits(uint64_t v) {
+  unsigned n = 1;
+  while (v >= 10) { v /= 10; n++; }
+  return n;
+}
+
+/* Puts `{"seq":N,` (or `{`) right in front of the body at b->p + JB_SEQ_ROOM; returns the start. */
+static char *put_prefix(jb_t *b, int with_seq, uint64_t seq) {
+  char *body = b->p + JB_SEQ_ROOM;
+  if (!with_seq) { body[-1] = '{'; return body - 1; }
+  char *o = body;
+  *--o = ',';
+  do { *--o = (char)('0' + seq % 10); seq /= 10; } while (seq);
+  static const char pre[] = "{\"seq\":";
+  o -= sizeof pre - 1;
+  memcpy(o, pre, sizeof pre - 1);
+  return o;
+}
+
+#if defined(__x86_64__)
+/* 16-byte compare-and-swap: on failure `e` holds the current value. */
+static inline int cas16(uint64_t *p, uint64_t e[2], uint64_t lo, uint64_t hi) {
+  unsigned char ok;
+  __asm__ __volatile__("lock cmpxchg16b %1\n\tsetz %0"
+                       : "=q"(ok), "+m"(*(volatile __int128 *)p), "+a"(e[0]), "+d"(e[1])
+                       : "b"(lo), "c"(hi)
+                       : "memory", "cc");
+  return ok;
+}
+#endif
+
+/* Reserves len bytes (and a seq) in a mapped file. 0 ok, 1 sealed (use the locked path), -1 full. */
+static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_t *seq, size_t *len) {
+#if defined(__x86_64__)
+  uint64_t e[2] = {__atomic_load_n(&F->st[0], __ATOMIC_RELAXED), __atomic_load_n(&F->st[1], __ATOMIC_RELAXED)};
+  for (;;) {
+    if (e[1] & SEALED) return 1;
+    size_t l = body + (with_seq ? 8 + ndigits(e[1]) : 1);
+    if (e[0] + l > (uint64_t)MAX_WIN << WIN_SHIFT) return -1;
+    if (cas16(F->st, e, e[0] + l, e[1] + (with_seq ? 1 : 0))) {
+      *off = e[0]; *seq = e[1]; *len = l;
+      return 0;
+    }
+  }
+#else
+  pthread_mutex_lock(&F->lock);
+  int rc = 0;
+  if (F->st[1] & SEALED) rc = 1;
+  else {
+    size_t l = body + (with_seq ? 8 + ndigits(F->st[1]) : 1);
+    if (F->st[0] + l > (uint64_t)MAX_WIN << WIN_SHIFT) rc = -1;
+    else { *off = F->st[0]; *seq = F->st[1]; *len = l; F->st[0] += l; F->st[1] += with_seq ? 1 : 0; }
+  }
+  pthread_mutex_unlock(&F->lock);
+  return rc;
+#endif
+}
+
+static int64_t write_failed(int file, int fn, int e) {
+  mc_note_error(fn, e, 0);
+  mc_disable("cannot write %s/%s (%s)", pid_dir, file_names[file], strerror(e));
+  return -1;
+}
+
+static int64_t write_mapped(int file, jb_t *b, int with_seq) {
+  wfile_t *F = &files[file];
+  uint64_t off, seq;
+  size_t len;
+  int r = reserve(F, b->n - JB_SEQ_ROOM, with_seq, &off, &seq, &len);
+  if (r < 0) return write_failed(file, MC_FN_pwrite, EFBIG);
+  if (r > 0) { /* sealed at exit: appends under the lock, after everything reserved before */
+    pthread_mutex_lock(&F->lock);
+    off = __atomic_load_n(&F->st[0], __ATOMIC_RELAXED);
+    seq = __atomic_load_n(&F->st[1], __ATOMIC_RELAXED) & ~SEALED;
+    char *start = put_prefix(b, with_seq, seq);
+    len = (size_t)(b->p + b->n - start);
+    int rc = pwrite_all(F->fd, start, len, off);
+    int e = errno;
+    if (rc == 0) {
+      __atomic_store_n(&F->st[0], off + len, __ATOMIC_RELAXED);
+      __atomic_store_n(&F->st[1], (seq + (with_seq ? 1 : 0)) | SEALED, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&F->lock);
+    if (rc != 0) return write_failed(file, MC_FN_pwrite, e);
+    return (int64_t)seq;
+  }
+  char *start = put_prefix(b, with_seq, seq);
+  uint64_t end = off + len;
+  if (end + PREFAULT > atomic_load_explicit(&F->size, memory_order_acquire)) {
+    pthread_mutex_lock(&F->grow);
+    int g = grow_locked(F, end, end + PREFAULT);
+    int e = errno;
+    pthread_mutex_unlock(&F->grow);
+    if (g != 0) {
+      mc_note_error(MC_FN_fallocate, e, 0);
+      mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_names[file], strerror(e));
+      return -1;
+    }
+  }
+  uint64_t k = off >> WIN_SHIFT;
+  char *w = ((end - 1) >> WIN_SHIFT) == k ? window(F, k) : NULL;
+  if (w) {
+    char *dst = w + (off & (WIN_SIZE - 1));
+    dst[len - 1] = '\n';                        /* first: a cut record stays a line of its own */
+    atomic_signal_fence(memory_order_seq_cst);
+    memcpy(dst, start, len - 1);
+  } else if (pwrite_all(F->fd, start, len, off) != 0) {
+    return write_failed(file, MC_FN_pwrite, errno);
+  }
+  /* Crossed a PREFAULT mark: the helper faults in what comes next (or, without it, we do). */
+  if (off / PREFAULT != end / PREFAULT) {
+    if (helper_on) helper_kick();
+    else if (!atomic_load_explicit(&populate_off, memory_order_relaxed)) {
+      uint64_t at = end / PREFAULT * PREFAULT + PREFAULT;
+      if (at + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire) && !F->final) {
+        char *pw = window(F, at >> WIN_SHIFT);
+        if (pw && madvise(pw + (at & (WIN_SIZE - 1)), PREFAULT, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+          atomic_store(&populate_off, 1); /* kernel before 5.14: faults happen on first touch */
+      }
+    }
+  }
+  return with_seq ? (int64_t)seq : 0;
 }
 
 int64_t mc_write_record(int file, jb_t *b, int with_seq) {
@@ -191,34 +516,48 @@ int64_t mc_write_record(int file, jb_t *b, int with_seq) {
     atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_BYTES], 1);
     return -1;
   }
-  char *start;
-  int64_t seq = -1;
+  wfile_t *F = &files[file];
+  with_seq = with_seq && file_seq[file];
+  if (F->mapped) return write_mapped(file, b, with_seq);
+  int64_t seq = 0;
   int rc;
-  pthread_mutex_lock(&file_lock[file]);
-  if (with_seq) {
-    seq = seqs[file]++;
-    char t[JB_SEQ_ROOM]; int i = JB_SEQ_ROOM;
-    t[--i] = ',';
-    uint64_t v = (uint64_t)seq;
-    do { t[--i] = (char)('0' + v % 10); v /= 10; } while (v);
-    static const char pre[] = "{\"seq\":";
-    i -= (int)sizeof pre - 1;
-    memcpy(t + i, pre, sizeof pre - 1);
-    start = b->p + JB_SEQ_ROOM - (JB_SEQ_ROOM - i);
-    memcpy(start, t + i, (size_t)(JB_SEQ_ROOM - i));
-  } else {
-    start = b->p + JB_SEQ_ROOM - 1;
-    *start = '{';
+  pthread_mutex_lock(&F->lock);
+  if (with_seq) seq = F->seq;
+  char *start = put_prefix(b, with_seq, (uint64_t)seq);
+  rc = F->fd >= 0 ? write_all(F->fd, start, (size_t)(b->p + b->n - start)) : (errno = EBADF, -1);
+  int e = errno;
+  if (rc == 0 && with_seq) F->seq++;
+  pthread_mutex_unlock(&F->lock);
+  if (rc != 0) return write_failed(file, MC_FN_write, e);
+  return seq;
+}
+
+/* Seals the mapped files and cuts them to their true length. Idempotent; atexit and destructor. */
+void mc_files_finalize(void) {
+  if (files_pid != mc_pid || !files_pid) return;
+  for (int f = 0; f < MC_F_COUNT; f++) {
+    wfile_t *F = &files[f];
+    if (!F->mapped || F->fd < 0) continue;
+    pthread_mutex_lock(&F->grow);
+    if (!F->final) {
+#if defined(__x86_64__)
+      uint64_t e[2] = {__atomic_load_n(&F->st[0], __ATOMIC_RELAXED), __atomic_load_n(&F->st[1], __ATOMIC_RELAXED)};
+      while (!(e[1] & SEALED) && !cas16(F->st, e, e[0], e[1] | SEALED)) {}
+#else
+      pthread_mutex_lock(&F->lock);
+      F->st[1] |= SEALED;
+      uint64_t e[2] = {F->st[0], F->st[1]};
+      pthread_mutex_unlock(&F->lock);
+#endif
+      uint64_t end = e[0], size = atomic_load(&F->size);
+      if (end > size) { /* a thread reserved but has not grown yet: grant it exactly */
+        if (grow_locked(F, end, end) != 0) { mc_note_error(MC_FN_fallocate, errno, 0); end = size; }
+      }
+      F->final = 1;
+      if (ftruncate(F->fd, (off_t)end) != 0) mc_note_error(MC_FN_ftruncate, errno, 0);
+    }
+    pthread_mutex_unlock(&F->grow);
   }
-  rc = fds[file] >= 0 ? write_all(fds[file], start, (size_t)(b->p + b->n - start)) : -1;
-  if (rc != 0 && with_seq) seqs[file]--;
-  pthread_mutex_unlock(&file_lock[file]);
-  if (rc != 0) {
-    mc_note_error(MC_FN_write, errno, 0);
-    mc_disable("cannot write %s/%s (%s)", pid_dir, file_names[file], strerror(errno));
-    return -1;
-  }
-  return with_seq ? seq : 0;
 }
 
 int mc_write_file_once(const char *rel, const void *p, size_t n) {
