@@ -54,7 +54,10 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
             # that ran, not for every module the process happened to load.
             uses: dict[str, int] = {}
             for line in lines:
-                sha = json.loads(line).get("sha256")
+                try:
+                    sha = json.loads(line).get("sha256")
+                except ValueError:
+                    continue  # the torn last record of a killed process: readers drop it too
                 if sha:
                     uses[sha] = uses.get(sha, 0) + 1
             cubins = sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []

@@ -121,4 +121,44 @@ def test_real_capture_verifies_and_fits_its_cubins(tmp_path):
     from manifests.abi import check_abi
     m = json.loads((tmp_path / "qwen3.json").read_text())
     assert verify(m) == []
-    assert [d for d in check_abi(m, tmp_path / "kernels") if d.rule != "abi.module-file"] == []
+    assert check_abi(m, tmp_path / "kernels") == []  # every launch fits the cubin vLLM really ran
+    # the committed manifest is exactly what the generator makes of the committed capture
+    assert (tmp_path / "qwen3.json").read_bytes() == (ROOT / "manifests/qwen3/qwen3.json").read_bytes()
+
+
+def _headers_only_checkpoint(folder: Path, cfg, drop: str | None = None) -> Path:
+    """A safetensors file with the Qwen3 tensor names and shapes in its header and no weights."""
+    H, D, I = cfg.hidden, cfg.head_dim, cfg.inter
+    shapes = {"model.embed_tokens.weight": [cfg.vocab, H], "model.norm.weight": [H]}
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+                       p + "self_attn.q_proj.weight": [cfg.q_size, H], p + "self_attn.k_proj.weight": [cfg.kv_size, H],
+                       p + "self_attn.v_proj.weight": [cfg.kv_size, H], p + "self_attn.o_proj.weight": [H, cfg.q_size],
+                       p + "self_attn.q_norm.weight": [D], p + "self_attn.k_norm.weight": [D],
+                       p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H],
+                       p + "mlp.down_proj.weight": [H, I]})
+    shapes.pop(drop, None)
+    header, off = {}, 0
+    for name, shape in shapes.items():
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    return folder
+
+
+def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg):
+    good = _headers_only_checkpoint(tmp_path / "good", cfg)
+    run = lambda ckpt, out: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(CONFIG),
+         "--weights", str(ckpt), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    r = run(good, tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    bad = _headers_only_checkpoint(tmp_path / "bad", cfg, drop="model.layers.7.mlp.up_proj.weight")
+    r = run(bad, tmp_path / "b")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "l7.gate_up" in r.stderr and "checkpoint does not fit" in r.stderr
+    assert not (tmp_path / "b" / "qwen3.json").exists()

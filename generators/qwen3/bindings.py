@@ -58,7 +58,12 @@ def checkpoint_problems(manifest: dict, files: list[Path]) -> list[str]:
     out = []
     for bname, b in sorted(manifest["buffers"].items()):
         segs = b.get("bind") or []
-        want = int(np.prod([d for d in b["shape"]]))
+        if not segs:
+            continue  # not a weight: nothing to find in the checkpoint
+        if not all(isinstance(d, int) for d in b["shape"]):
+            out.append(f"weight buffer `{bname}` has a var-sized shape {b['shape']}; weights are fixed-size")
+            continue
+        want = int(np.prod(b["shape"]))
         got = 0
         for s in segs:
             t = have.get(s["tensor"])

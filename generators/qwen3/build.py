@@ -146,17 +146,27 @@ def render(template: str, **ctx) -> list[dict]:
     return json.loads("[" + text.strip().rstrip(",") + "]")
 
 
+# Module names by the roles a cubin serves: vLLM's C++ extension ships norms in one module,
+# rope and activations in others; each Triton build is a module of its own.
+MODULE_BY_ROLE = {"in_norm": "vllm_layernorm", "q_norm": "vllm_layernorm", "k_norm": "vllm_layernorm",
+                  "add_norm": "vllm_layernorm", "rope": "vllm_pos_encoding", "silu": "vllm_activation",
+                  "cache": "vllm_reshape_and_cache", "attn": "vllm_unified_attention_2d",
+                  "attn3d": "vllm_unified_attention_3d", "reduce": "vllm_reduce_segments"}
+
+
 def module_names(mined: Mined) -> dict:
-    """sha256 -> module name: `vllm_` plus the families that module serves (sorted), unique per sha."""
-    fams: dict[str, set] = {}
-    for inst in (i for variants in mined.instances.values() for i in variants):
-        fams.setdefault(inst.sha256, set()).add(inst.family.match.split("_kernel")[0].strip("_"))
-    names, out = set(), {}
-    for sha in sorted(fams):
-        name = "vllm_" + "+".join(sorted(fams[sha])).replace("+", "_")
-        if name in names:
-            name += "_" + sha[:8]
-        names.add(name)
+    """sha256 -> module name from the roles its kernels play; a sha serving two names keeps the
+    first in sorted order, a name two shas claim gets `-<sha8>` on the later one."""
+    names: dict[str, set] = {}
+    for (_, role), variants in mined.instances.items():
+        for inst in variants:
+            names.setdefault(inst.sha256, set()).add(MODULE_BY_ROLE[role])
+    out, taken = {}, set()
+    for sha in sorted(names, key=lambda h: (sorted(names[h])[0], h)):
+        name = sorted(names[sha])[0]
+        if name in taken:
+            name += "-" + sha[:8]
+        taken.add(name)
         out[sha] = name
     return out
 
