@@ -2,8 +2,10 @@
 
 Why: every analysis in `mining/` works on three frames (launches, params in long form, modules;
 columns declared in `schema.py`), so the expensive part -- parsing up to millions of JSON lines --
-happens once, here, on pyarrow's multi-threaded JSON reader, and is cached as parquet next to the
-dump (`<pid dir>/.mine-cache/`, keyed on the source's size, mtime and FRAME_VERSION).
+happens once, here: pyarrow's JSON reader on one chunk of lines per worker thread, each chunk turned
+into its frame columns on the spot (see "raw JSON -> arrow" below), and the result is cached as
+parquet next to the dump (`<pid dir>/.mine-cache/`, keyed on the source's size, mtime and
+FRAME_VERSION).
 
 Accepted paths: a `pid<N>/` folder, a whole dump folder (the pid with the most launches unless
 `pid=` picks one), or a bare `launches.jsonl` (plain, .gz, .xz or .zst).
@@ -31,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from mining import schema
+from mining.archive import unpack
 
 
 class DumpError(ValueError):
@@ -80,6 +83,7 @@ def resolve(path: str | os.PathLike, pid: int | None = None) -> Path:
     p = Path(path)
     if not p.exists():
         raise DumpError(f"{p}: no such file or folder")
+    p = unpack(p)  # a dump archive (.tar.xz) reads as its folder
     if p.is_file():
         return p
     if (f := _launch_file(p)) is not None and pid is None:
@@ -117,69 +121,126 @@ def read_meta(folder: Path) -> dict:
 
 
 # ------------------------------------------------------------------ raw JSON -> arrow
-CHUNK = 48 << 20  # bytes of JSON per parse task; bounded memory, one task per core in flight
+# How a cold load stays inside its budget (1 M launches, 1.2 GB of JSON: < 10 s, < 2 GB peak RSS
+# on 2 cores; benchmarks/bench_load.py): the file is cut into complete-line chunks read without
+# extra copies; each chunk is parsed by pyarrow's JSON reader on a worker thread (it releases the
+# GIL) and turned, on that worker, straight into compact column parts in their final dtypes (the
+# arrow table is dropped before the next chunk is taken). Only `workers + 1` raw chunks are in
+# flight. At the end each column is concatenated once, freeing its parts as it goes, so the frames
+# are never held twice; the parquet cache is written from those same buffers (zero-copy).
+CHUNK = 16 << 20  # bytes of JSON per parse task
+BLOCK = 4 << 20   # pyarrow block size inside a task (smaller blocks parse faster than one big one)
 
 
 def _chunks(src: Path, warnings: list[str]):
     """Complete-line byte chunks of the (decompressed) launch file; drops a truncated last line."""
     name = src.name
     try:
-        if name.endswith((".xz", ".gz", ".zst")):
-            if name.endswith(".xz"):
-                raw = lzma.decompress(src.read_bytes())
-            else:
-                codec = "gzip" if name.endswith(".gz") else "zstd"
-                raw = pa.input_stream(str(src), compression=codec).read()
-            fh = io.BytesIO(raw)
+        if name.endswith(".xz"):
+            fh = lzma.open(src, "rb")
+        elif name.endswith((".gz", ".zst")):
+            fh = pa.input_stream(str(src), compression="gzip" if name.endswith(".gz") else "zstd")
         else:
             fh = open(src, "rb")
     except (OSError, pa.ArrowException, lzma.LZMAError, EOFError) as exc:
         raise DumpError(f"{src}: cannot read ({exc})") from None
+    seekable = not name.endswith((".xz", ".gz", ".zst"))
     rest = b""
-    with fh:
-        while True:
-            block = fh.read(CHUNK)
-            if not block:
-                break
-            block = rest + block
-            cut = block.rfind(b"\n") + 1
-            rest = block[cut:]
-            if cut:
-                yield block[:cut]
+    try:
+        with fh:
+            while True:
+                new = fh.read(CHUNK)
+                if not new:
+                    break
+                block = rest + new if rest else new
+                rest = b""
+                cut = block.rfind(b"\n") + 1
+                if not cut:             # no line end yet (a huge line): carry the bytes over
+                    rest = block
+                    continue
+                tail = len(block) - cut
+                if tail and seekable and len(new) == CHUNK:
+                    fh.seek(-tail, os.SEEK_CUR)  # re-read the partial line with the next chunk
+                elif tail:
+                    rest = block[cut:]
+                # a view, not a copy: the worker parses the bytes in place
+                yield memoryview(block)[:cut] if tail else block
+                del block, new
+    except (OSError, pa.ArrowException, lzma.LZMAError, EOFError) as exc:
+        raise DumpError(f"{src}: cannot read ({exc})") from None
     if rest.strip():
         warnings.append(f"dropped a truncated last line ({len(rest)} bytes)")
 
 
-def _parse_chunk(data: bytes, warnings: list[str], src: Path):
-    opts = pj.ParseOptions(explicit_schema=schema.LAUNCH_RECORD, unexpected_field_behavior="ignore")
+def _read_schema() -> pa.Schema:
+    """schema.LAUNCH_RECORD cut down to the keys the frames are built from.
+
+    Keys outside it (ctx, func, launch_attrs, extra_hex, most of attrs) are skipped by the reader
+    without being converted or type-checked: ~10 % less parse time, and a launch is no longer
+    dropped for a malformed key that no frame column comes from.
+    """
+    sub = {"graph": {"capture_id"}, "attrs": {"regs"}}
+    keep = set(_LAUNCH_INTS) | set(_LAUNCH_STRS) | {"grid", "block", "params"} | set(sub)
+    fields = []
+    for f in schema.LAUNCH_RECORD:
+        if f.name in sub:
+            f = pa.field(f.name, pa.struct([s for s in f.type if s.name in sub[f.name]]))
+        if f.name in keep:
+            fields.append(f)
+    return pa.schema(fields)
+
+
+def _parse_chunk(data, warnings: list[str], src: Path):
+    """Chunk of complete lines -> (its bytes, (launch column parts, param column parts) or None)."""
+    opts = pj.ParseOptions(explicit_schema=_READ_SCHEMA, unexpected_field_behavior="ignore")
+    buf = pa.py_buffer(data)
+    nbytes = buf.size
     try:
-        t = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(
-            block_size=max(1 << 20, len(data) + 1), use_threads=False), parse_options=opts)
+        t = pj.read_json(pa.BufferReader(buf), read_options=pj.ReadOptions(
+            block_size=BLOCK, use_threads=False), parse_options=opts)
     except pa.ArrowInvalid:
-        t = _slow_table(pa.py_buffer(data), opts, warnings, src)
+        t = _slow_table(buf, opts, warnings, src)
+    del buf, data
     if t.num_rows == 0:
-        return None
-    n_params = pc.fill_null(pc.list_value_length(t.column("params")), 0)
-    return t.drop_columns(["params"]).append_column("n_params", n_params), _param_frame(t)
+        return nbytes, None
+    return nbytes, (_launch_part(t), _param_part(t))
 
 
 def _read_frames(src: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     from concurrent.futures import ThreadPoolExecutor
 
     workers = max(1, min(os.cpu_count() or 1, 8))
-    results, pending = [], []
+    size = src.stat().st_size
+    plain = not src.name.endswith((".xz", ".gz", ".zst"))
+    launches = _Columns(schema.LAUNCH_COLUMNS)
+    params = _Columns(schema.PARAM_COLUMNS)
+    done = 0  # input bytes whose parts have been appended
+
+    def take(fut) -> None:
+        nonlocal done
+        nbytes, res = fut.result()
+        done += nbytes
+        if res is None:
+            return
+        if not launches.cap:   # first parsed chunk: size the columns for the whole file
+            total = size if plain else 8 * size
+            launches.reserve(len(res[0]["seq"]) * total / done)
+            params.reserve(len(res[1]["seq"]) * total / done)
+        launches.append(res[0])
+        params.append(res[1])
+
+    pending: list = []
     with ThreadPoolExecutor(workers) as pool:
         for data in _chunks(src, warnings):
             pending.append(pool.submit(_parse_chunk, data, warnings, src))
-            if len(pending) > workers:
-                results.append(pending.pop(0).result())
-        results += [f.result() for f in pending]
-    results = [r for r in results if r is not None]
-    if not results:
+            del data
+            while len(pending) > workers:
+                take(pending.pop(0))
+        while pending:
+            take(pending.pop(0))
+    if not launches.n:
         raise DumpError(f"{src}: holds no launch records")
-    launches = _launch_frame(pa.concat_tables([r[0] for r in results]))
-    params = pd.concat([r[1] for r in results], ignore_index=True) if len(results) > 1 else results[0][1]
-    return launches, params
+    return launches.frame(), params.frame()
 
 
 def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Table:
@@ -200,7 +261,7 @@ def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Tabl
     if bad:
         warnings.append(f"dropped {bad} unparsable line(s)")
     if not good:
-        return pa.Table.from_pylist([], schema=schema.LAUNCH_RECORD)
+        return pa.Table.from_pylist([], schema=opts.explicit_schema)
     return pj.read_json(io.BytesIO(b"".join(good)), parse_options=opts)
 
 
@@ -225,81 +286,92 @@ def _fixed16_bytes(arr: pa.Array) -> np.ndarray:
     return (nib[:, 0::2] << 4) | nib[:, 1::2]
 
 
-def hex_le_u64(hexes: pa.Array) -> np.ndarray:
+def hex_le_u64(hexes) -> np.ndarray:
     """Little-endian value of the first 8 bytes of each memory-order hex string (null -> 0)."""
     s = pc.utf8_rpad(pc.utf8_slice_codeunits(pc.fill_null(hexes, ""), 0, 16), 16, "0")
-    return _fixed16_bytes(pc.cast(s, pa.string())).copy().view("<u8").ravel()
+    return _fixed16_bytes(_one_chunk(pc.cast(s, pa.string()))).copy().view("<u8").ravel()
 
 
-def hex_num_u64(nums: pa.Array) -> np.ndarray:
+def hex_num_u64(nums) -> np.ndarray:
     """Value of each '0x...' string (null -> 0)."""
     s = pc.utf8_ltrim(pc.fill_null(nums, "0x0"), "0x")
     s = pc.utf8_lpad(pc.utf8_slice_codeunits(s, 0, 16), 16, "0")
-    return _fixed16_bytes(pc.cast(s, pa.string())).copy().view(">u8").ravel().astype("<u8")
+    raw = _fixed16_bytes(_one_chunk(pc.cast(s, pa.string())))
+    return raw.copy().view(">u8").ravel().astype("<u8")
 
 
-# ------------------------------------------------------------------ arrow -> frames
-def _col(t: pa.Table, name: str) -> pa.ChunkedArray:
-    return t.column(name)
+def _one_chunk(arr):
+    if isinstance(arr, pa.ChunkedArray):
+        return arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr
 
 
-def _dim(t: pa.Table, name: str, k: int) -> np.ndarray:
-    arr = pc.list_element(pc.fill_null(_col(t, name), pa.scalar([1, 1, 1], pa.list_(pa.int64()))), k)
-    return pc.fill_null(arr, 1).to_numpy()
+# ------------------------------------------------------------------ arrow -> column parts
+# A part is a dict column -> numpy array (already in the frame's dtype) or, for string columns,
+# an arrow array (dictionary-encoded for the launch frame's categories). Parts are built on the
+# workers; `_Columns` gathers them, in file order, into the frames.
+_LAUNCH_INTS = {"seq": 0, "t_ns": 0, "tid": 0, "dev": 0, "result": 0, "smem": 0, "module": -1}
+_LAUNCH_STRS = ("stream", "api", "handle", "sha256", "symbol", "name", "layout", "packing")
+_DIM_DEFAULT = pa.scalar([1, 1, 1], pa.list_(pa.int64()))
+_READ_SCHEMA = _read_schema()
 
 
-def _launch_frame(t: pa.Table) -> pd.DataFrame:
+def _np(arr, dtype: str) -> np.ndarray:
+    """A null-free int/bool arrow array -> numpy in `dtype` (one copy at most)."""
+    return np.asarray(_one_chunk(arr).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _launch_part(t: pa.Table) -> dict:
+    L = schema.LAUNCH_COLUMNS
     cols: dict[str, object] = {}
-    for name in ("seq", "t_ns", "tid", "dev", "result", "smem", "module"):
-        default = -1 if name == "module" else 0
-        cols[name] = pc.fill_null(_col(t, name), default).to_numpy()
-    graph = _col(t, "graph")
-    cols["capture_id"] = pc.fill_null(pc.struct_field(graph, "capture_id"), -1).to_numpy()
-    cols["regs"] = pc.fill_null(pc.struct_field(_col(t, "attrs"), "regs"), 0).to_numpy()
-    for k, ax in enumerate("xyz"):
-        cols[f"grid_{ax}"] = _dim(t, "grid", k)
-        cols[f"block_{ax}"] = _dim(t, "block", k)
-    cols["n_params"] = _col(t, "n_params").to_numpy()
-    for name in ("stream", "api", "handle", "sha256", "symbol", "name", "layout", "packing"):
-        cols[name] = pc.dictionary_encode(pc.fill_null(_col(t, name), "")).to_pandas()
-    df = pd.DataFrame({c: cols[c] for c in schema.LAUNCH_COLUMNS})
-    return df.astype(schema.LAUNCH_COLUMNS)
+    for name, default in _LAUNCH_INTS.items():
+        cols[name] = _np(pc.fill_null(t.column(name), default), L[name])
+    cols["capture_id"] = _np(pc.fill_null(pc.struct_field(t.column("graph"), "capture_id"), -1),
+                             L["capture_id"])
+    cols["regs"] = _np(pc.fill_null(pc.struct_field(t.column("attrs"), "regs"), 0), L["regs"])
+    for name in ("grid", "block"):
+        dims = pc.fill_null(t.column(name), _DIM_DEFAULT)
+        for k, ax in enumerate("xyz"):
+            cols[f"{name}_{ax}"] = _np(pc.fill_null(pc.list_element(dims, k), 1), L[f"{name}_{ax}"])
+    cols["n_params"] = _np(pc.fill_null(pc.list_value_length(t.column("params")), 0), L["n_params"])
+    for name in _LAUNCH_STRS:
+        cols[name] = _one_chunk(pc.dictionary_encode(pc.fill_null(t.column(name), "")))
+    return cols
 
 
-def _param_frame(t: pa.Table) -> pd.DataFrame:
-    parts = []
-    seqs = pc.fill_null(_col(t, "seq"), 0).to_numpy()
-    row0 = 0
-    for chunk in _col(t, "params").chunks:
-        parts.append(_param_chunk(chunk, seqs[row0:row0 + len(chunk)]))
-        row0 += len(chunk)
-    if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in schema.PARAM_COLUMNS.items()})
-    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return df.astype(schema.PARAM_COLUMNS)
+def _param_part(t: pa.Table) -> dict:
+    seqs = pc.fill_null(t.column("seq"), 0).to_numpy()
+    params = _one_chunk(t.column("params"))
+    return _param_chunk(params, seqs)
 
 
-def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> pd.DataFrame:
+_NULL_STR = pa.scalar(None, pa.string())
+
+
+def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> dict:
+    """Long-form rows of one chunk: one per parameter, each followed by its inner pointer words."""
+    P = schema.PARAM_COLUMNS
     flat = pc.list_flatten(chunk)
     parent = pc.list_parent_indices(chunk).to_numpy()
     n = len(flat)
     size = pc.fill_null(pc.struct_field(flat, "size"), 0).to_numpy()
     hexes = pc.struct_field(flat, "hex")
     cols = {
-        "seq": seqs[parent], "i": pc.fill_null(pc.struct_field(flat, "i"), -1).to_numpy(),
-        "off": pc.fill_null(pc.struct_field(flat, "off"), 0).to_numpy(), "size": size,
-        "at": np.zeros(n, np.int32), "word": np.zeros(n, bool), "value": hex_le_u64(hexes),
+        "seq": seqs[parent].astype(P["seq"], copy=False),
+        "i": _np(pc.fill_null(pc.struct_field(flat, "i"), -1), P["i"]),
+        "off": _np(pc.fill_null(pc.struct_field(flat, "off"), 0), P["off"]),
+        "size": size.astype(P["size"]),
+        "at": np.zeros(n, P["at"]), "word": np.zeros(n, bool), "value": hex_le_u64(hexes),
         "is_ptr": np.zeros(n, bool), "alloc_base": np.zeros(n, np.uint64),
         "alloc_size": np.zeros(n, np.int64), "buffer_id": np.full(n, -1, np.int64),
         "ptr_off": np.zeros(n, np.int64),
+        "hex": _one_chunk(pc.if_else(pa.array(size > 8), hexes, _NULL_STR)),
     }
-    wide = pa.array(size > 8)
-    cols["hex"] = pd.array(pc.if_else(wide, hexes, pa.scalar(None, pa.string())),
-                           dtype=pd.ArrowDtype(pa.string()))
+    del parent, size
     ptrs = pc.struct_field(flat, "ptrs")
     pflat = pc.list_flatten(ptrs)
     if len(pflat) == 0:
-        return pd.DataFrame(cols)
+        return cols
     owner = pc.list_parent_indices(ptrs).to_numpy()
     at = pc.fill_null(pc.struct_field(pflat, "at"), 0).to_numpy()
     base = hex_num_u64(pc.struct_field(pflat, "base"))
@@ -314,18 +386,87 @@ def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> pd.DataFrame:
     cols["buffer_id"][o] = bid[first]
     cols["ptr_off"][o] = poff[first]
     rest = ~first
-    if rest.any():
-        o = owner[rest]
-        words = {
-            "seq": cols["seq"][o], "i": cols["i"][o], "off": cols["off"][o],
-            "size": np.full(len(o), 8), "at": at[rest], "word": np.ones(len(o), bool),
-            "value": base[rest] + poff[rest].astype(np.uint64), "is_ptr": np.ones(len(o), bool),
-            "alloc_base": base[rest], "alloc_size": asz[rest], "buffer_id": bid[rest],
-            "ptr_off": poff[rest],
-            "hex": pd.array([None] * len(o), dtype=pd.ArrowDtype(pa.string())),
-        }
-        return pd.concat([pd.DataFrame(cols), pd.DataFrame(words)], ignore_index=True)
-    return pd.DataFrame(cols)
+    if not rest.any():
+        return cols
+    o = owner[rest]
+    m = len(o)
+    words = {
+        "seq": cols["seq"][o], "i": cols["i"][o], "off": cols["off"][o],
+        "size": np.full(m, 8, P["size"]), "at": at[rest].astype(P["at"]), "word": np.ones(m, bool),
+        "value": base[rest] + poff[rest].astype(np.uint64), "is_ptr": np.ones(m, bool),
+        "alloc_base": base[rest], "alloc_size": asz[rest], "buffer_id": bid[rest],
+        "ptr_off": poff[rest],
+    }
+    # Each parameter's word rows go right after it (rows in launch, i, at order), so the row order
+    # depends on the file only, not on how it was cut into chunks. `o` is non-decreasing: parameter
+    # j moves down by the words owned by parameters before it; word r lands after its owner and
+    # the r words before it.
+    ppos = np.arange(n) + np.searchsorted(o, np.arange(n), side="left")
+    wpos = o + 1 + np.arange(m)
+    for c, w in words.items():
+        out = np.empty(n + m, P[c])
+        out[ppos] = cols[c]
+        out[wpos] = w
+        cols[c] = out
+    take = np.empty(n + m, np.int64)
+    take[ppos] = np.arange(n)
+    take[wpos] = -1
+    cols["hex"] = cols["hex"].take(pa.array(take, mask=take < 0))
+    return cols
+
+
+# ------------------------------------------------------------------ column parts -> frames
+class _Columns:
+    """Appends parts, in file order, into one preallocated numpy array per numeric column.
+
+    The arrays are reserved for the whole file from the first chunk's rows per byte (+25 %); pages
+    never written are never resident, so over-reserving costs address space, not memory, and each
+    part is copied once and freed at once (no end-of-load concatenation holding everything twice).
+    An underestimate (a file whose tail is denser) grows the arrays by half again.
+    String columns stay arrow chunks: dictionary-encoded (categories) or plain (`hex`).
+    """
+
+    def __init__(self, dtypes: dict[str, str]):
+        self.dtypes = dtypes
+        self.num = {c: np.dtype(d) for c, d in dtypes.items()
+                    if d not in ("category", "string[pyarrow]")}
+        self.arrs: dict[str, np.ndarray] = {}
+        self.strs: dict[str, list] = {c: [] for c in dtypes if c not in self.num}
+        self.n = self.cap = 0
+
+    def reserve(self, rows: float) -> None:
+        cap = int(rows * 1.25) + 4096
+        if cap <= self.cap:
+            return
+        for c, dt in self.num.items():
+            new = np.empty(cap, dt)
+            if self.n:
+                new[:self.n] = self.arrs[c][:self.n]
+            self.arrs[c] = new
+        self.cap = cap
+
+    def append(self, part: dict) -> None:
+        m = len(part["seq"])
+        if self.n + m > self.cap:
+            self.reserve(max(self.n + m, self.cap * 1.5) / 1.25)
+        for c, arr in self.arrs.items():
+            arr[self.n:self.n + m] = part.pop(c)
+        for c, chunks in self.strs.items():
+            chunks.append(part.pop(c))
+        self.n += m
+
+    def frame(self) -> pd.DataFrame:
+        cols: dict[str, object] = {}
+        for c, dtype in self.dtypes.items():
+            if c in self.num:
+                cols[c] = self.arrs[c][:self.n]
+            elif dtype == "category":   # dictionary chunks -> one pandas Categorical
+                codes = pa.chunked_array(self.strs[c]).unify_dictionaries()
+                cols[c] = pd.Categorical(codes.to_pandas())
+            else:
+                cols[c] = pd.array(pa.chunked_array(self.strs[c], pa.string()), dtype=dtype)
+        self.arrs, self.strs = {}, {}
+        return pd.DataFrame(cols, copy=False)
 
 
 def _module_frame(folder: Path, warnings: list[str]) -> pd.DataFrame:
@@ -377,8 +518,11 @@ def _write_cache(src: Path, launches: pd.DataFrame, params: pd.DataFrame, warnin
         folder.mkdir(exist_ok=True)
         for old in folder.glob(f"{src.name}-*"):
             old.unlink()
-        launches.to_parquet(folder / f"{key}.launches.parquet", index=False)
-        params.to_parquet(folder / f"{key}.params.parquet", index=False)
+        # lz4 without dictionary pages for the numeric params: the fastest write and read of the
+        # codecs measured (benchmarks/bench_load.py); arrow wraps the frames' buffers, no copy.
+        launches.to_parquet(folder / f"{key}.launches.parquet", index=False, compression="lz4")
+        params.to_parquet(folder / f"{key}.params.parquet", index=False, compression="lz4",
+                          use_dictionary=False)
         (folder / f"{key}.warnings.json").write_text(json.dumps(warnings))
     except OSError:
         pass  # a read-only dump is still readable; it is just not cached

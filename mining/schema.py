@@ -13,7 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 DUMP_FORMAT_VERSION = 1
-FRAME_VERSION = 2  # bump when a column below changes; keys the parquet cache
+FRAME_VERSION = 3  # bump when a column below or the params row order changes; keys the cache
 
 _PTR = pa.struct(
     [("at", pa.int64()), ("base", pa.string()), ("size", pa.int64()), ("id", pa.int64()),
@@ -68,8 +68,9 @@ LAUNCH_COLUMNS: dict[str, str] = {
 }
 
 # params frame (long form): one row per parameter (at == 0, word == False) and one row per pointer
-# word found inside a parameter past its first word (at > 0, word == True). Rows are grouped by
-# launch file chunk, not sorted: join on `seq`.
+# word found inside a parameter past its first word (at > 0, word == True). Rows follow the launch
+# file: each launch's parameters in index order, each followed by its word rows (by `at`); the
+# launches frame is sorted by `seq` instead, so join on `seq`.
 PARAM_COLUMNS: dict[str, str] = {
     "seq": "int64",       # the launch
     "i": "int16",         # parameter index
