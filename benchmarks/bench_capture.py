@@ -5,7 +5,7 @@
 Configurations (same binary, environment only):
   baseline      no injection
   filtered      injected, MINE_CAPTURE_INCLUDE matches nothing: CUPTI callback + layout-cache hit
-  full          injected, every launch recorded (JSON line, pointer classification), mmap writer
+  full          injected, every launch recorded (JSON line, pointer classification), MINE_CAPTURE_WRITER=mmap
   full_write    the same with MINE_CAPTURE_WRITER=write (one write(2) per record: the old writer)
   modules_only  injected, MINE_CAPTURE_MODULES_ONLY=1 (no launch callbacks at all)
 The model forward (examples/torch_forward.py --bench) runs without and with full capture.
@@ -59,7 +59,7 @@ def main() -> None:
         "baseline": base_env,
         "modules_only": dict(inj, MINE_CAPTURE_MODULES_ONLY="1"),
         "filtered": dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$"),
-        "full": inj,
+        "full": dict(inj, MINE_CAPTURE_WRITER="mmap"),
         "full_write": dict(inj, MINE_CAPTURE_WRITER="write"),
     }
     res = {name: [] for name in configs}

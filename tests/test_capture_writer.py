@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
   snprintf(mc_knobs.dir, sizeof mc_knobs.dir, "%s", argv[2]);
   int threads = atoi(argv[3]); per_thread = atol(argv[4]);
   const char *w = getenv("MINE_CAPTURE_WRITER");
-  mc_knobs.writer_write = w && strcmp(w, "write") == 0;
+  mc_knobs.writer_write = !(w && strcmp(w, "mmap") == 0);
   mc_pid = getpid();
   if (strcmp(mode, "fsize") == 0) {            /* the output fills up: capture off, process runs on */
     struct rlimit r = {1 << 20, 1 << 20};

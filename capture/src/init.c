@@ -129,9 +129,10 @@ static void read_knobs(void) {
   mc_knobs.modules_only = env_u64("MINE_CAPTURE_MODULES_ONLY", 0) != 0;
   mc_knobs.host_bytes = (unsigned)env_u64("MINE_CAPTURE_HOST_BYTES", 64);
   if (mc_knobs.host_bytes > 4096) mc_knobs.host_bytes = 4096;
-  const char *w = getenv("MINE_CAPTURE_WRITER");
-  if (w && *w && strcmp(w, "mmap") != 0) {
-    if (strcmp(w, "write") == 0) mc_knobs.writer_write = 1;
+  const char *w = getenv("MINE_CAPTURE_WRITER"); /* default write: see docs/benchmarks.md */
+  mc_knobs.writer_write = 1;
+  if (w && *w && strcmp(w, "write") != 0) {
+    if (strcmp(w, "mmap") == 0) mc_knobs.writer_write = 0;
     else fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_WRITER=%s: not write or mmap\n", w);
   }
 }

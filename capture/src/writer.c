@@ -2,7 +2,8 @@
  *
  * Two writers (MINE_CAPTURE_WRITER; docs/dump-format.md "Writers"):
  *
- * mmap (default) for launches.jsonl and graphs.jsonl, the per-launch files. The file is a
+ * mmap (opt-in; default write until the eager-forward regression in docs/benchmarks.md is understood)
+ * for launches.jsonl and graphs.jsonl, the per-launch files. The file is a
  * MAP_SHARED mapping in fixed 64 MiB windows, each mapped once and never unmapped while the
  * process may write (so no thread can ever write into a vanished mapping). A record is built whole
  * in the calling thread's buffer, then its place is reserved with one lock-free 16-byte
@@ -26,7 +27,7 @@
  * A filesystem without fallocate makes that file use the write writer.
  *
  * write for modules.jsonl and tensormaps.jsonl (rare records; the file stays exact after any
- * death), and for all four files with MINE_CAPTURE_WRITER=write: one write(2) per record on an
+ * death), and for all four files by default (MINE_CAPTURE_WRITER=write): one write(2) per record on an
  * O_APPEND descriptor, seq taken under the file's mutex together with the write.
  *
  * A failed write/fallocate turns capture off (one stderr line). Fork: the child drops the
