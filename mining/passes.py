@@ -15,7 +15,12 @@ boundary), so:
    starts at the last launch of the *opener* (the kernel that most windows start with) between two
    groups of K core launches, or at the core launch itself when there is none;
 3. jitter repair: a kernel whose count is one short in forward f and one over in f+1 (or the
-   reverse), with the stray launch within the first/last 3 launches of its forward, is moved back.
+   reverse), with the stray launch within the first/last 3 launches of its forward, is moved back;
+4. requests: a time window can hold several requests when the engine pauses *inside* forwards
+   (Triton compiling a kernel at its first use stalls a forward for ~1 s, longer than the ~50 ms
+   between two requests), so only gaps outside forwards' model sections (first to last core launch)
+   separate requests: such a gap in the idle range (see `_idle_threshold`) starts a new request
+   window. `window` is that request window.
 
 Windows holding no core launch are noise (`forward == -1`). Not handled: interleaved concurrent
 requests (bs > 1 windows still split, but by the same rule), graph replays.
@@ -167,8 +172,44 @@ def split_passes(launches: pd.DataFrame, gap_ms: float | None = None,
         notes.append(f"{moved} launch(es) moved across a forward boundary (jitter)")
     if len(counts) and len(set(counts)) == 1 and len(counts) > 1 and per_forward is None and k == g:
         notes.append("every window has the same core count; a window might hold several forwards")
+    if gap_ms is None:
+        window, gap_ns = _request_windows(window, forward, t_ns, codes == core_code, gap_ns)
     frame = _forward_frame(launches, window, forward)
     return Passes(window, forward, gap_ns, core, k, frame, notes)
+
+
+JUMP = 1.6  # how much longer than the one before a gap must be to start the idle range
+
+
+def _idle_threshold(free: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> int:
+    """Gaps outside model sections come in a busy range (sampling, the step from a prefill to its
+    first decode: up to ~6 ms on vLLM 0.26) and an idle range (between requests, start-up work).
+    Walking the distinct gaps above the floor upwards, the idle range starts at the first one at
+    least JUMP times its predecessor; the threshold is their geometric mean (the floor if none)."""
+    g = np.unique(free[free > floor_ns]).astype(float)
+    jumps = np.flatnonzero(g[1:] >= JUMP * g[:-1])
+    if len(jumps) == 0:
+        return int(floor_ns)
+    i = int(jumps[0])
+    return int(math.sqrt(g[i] * g[i + 1]))
+
+
+def _request_windows(window: np.ndarray, forward: np.ndarray, t_ns: np.ndarray, core: np.ndarray,
+                     gap_ns: int) -> tuple[np.ndarray, int]:
+    """Per launch, its request window: time windows refined by the gaps outside forwards' model
+    sections (step 4). A forward's model section runs from its first to its last core launch;
+    stalls there are compilation, not idleness between requests."""
+    gaps = np.diff(np.asarray(t_ns, np.int64))
+    if len(gaps) == 0 or not (forward >= 0).any():
+        return window, gap_ns
+    idx = np.flatnonzero(core & (forward >= 0))
+    spans = pd.Series(idx).groupby(forward[idx]).agg(["min", "max"])
+    inside = np.zeros(len(gaps), bool)
+    for lo, hi in spans.itertuples(index=False):
+        inside[lo:hi] = True
+    thr = _idle_threshold(gaps[~inside])
+    cut = (~inside & (gaps > thr)) | (np.diff(window) != 0)
+    return np.concatenate([[0], np.cumsum(cut)]).astype(np.int32), min(thr, gap_ns)
 
 
 def _forward_frame(launches: pd.DataFrame, window: np.ndarray, forward: np.ndarray) -> pd.DataFrame:
