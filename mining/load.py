@@ -11,7 +11,10 @@ Accepted paths: a `pid<N>/` folder, a whole dump folder (the pid with the most l
 `pid=` picks one), or a bare `launches.jsonl` (plain, .gz, .xz or .zst).
 
 Damage is tolerated, not hidden: a truncated last line or unparsable lines are dropped and each
-drop is reported in `Dump.warnings`; missing cubins are flagged per module. What is refused
+drop is reported in `Dump.warnings`; missing cubins are flagged per module. NUL bytes (the mmap
+writer's preallocated tail, or a record in flight when the process died) follow the reader rule of
+docs/dump-format.md "Writers": of each line only the bytes after its last NUL count; chunks without
+a NUL never pay for it. What is refused
 (`DumpError`, a ValueError): no launch file, an empty launch file, a meta.json whose
 format_version or top-level keys this reader does not know.
 Not checked: that `seq` is gap-free or that records are in time order (analyses sort by seq).
@@ -168,6 +171,9 @@ def _chunks(src: Path, warnings: list[str]):
                 del block, new
     except (OSError, pa.ArrowException, lzma.LZMAError, EOFError) as exc:
         raise DumpError(f"{src}: cannot read ({exc})") from None
+    head, _, rest = rest.rpartition(b"\0")   # the mmap writer's NUL padding is not a record
+    if head.strip(b"\0").strip():            # but a record cut short by it was one
+        warnings.append("dropped 1 record(s) lost to NUL bytes (a writer died mid-record)")
     if rest.strip():
         warnings.append(f"dropped a truncated last line ({len(rest)} bytes)")
 
@@ -193,8 +199,12 @@ def _read_schema() -> pa.Schema:
 def _parse_chunk(data, warnings: list[str], src: Path):
     """Chunk of complete lines -> (its bytes, (launch column parts, param column parts) or None)."""
     opts = pj.ParseOptions(explicit_schema=_READ_SCHEMA, unexpected_field_behavior="ignore")
+    nbytes = len(data)
+    if _has_nul(data):
+        data = _drop_nuls(data, warnings)
+        if not data:
+            return nbytes, None
     buf = pa.py_buffer(data)
-    nbytes = buf.size
     try:
         t = pj.read_json(pa.BufferReader(buf), read_options=pj.ReadOptions(
             block_size=BLOCK, use_threads=False), parse_options=opts)
@@ -204,6 +214,30 @@ def _parse_chunk(data, warnings: list[str], src: Path):
     if t.num_rows == 0:
         return nbytes, None
     return nbytes, (_launch_part(t), _param_part(t))
+
+
+def _has_nul(data) -> bool:
+    """memchr over the chunk (a bytes object or a view of one), without copying it."""
+    if isinstance(data, memoryview):
+        return data.obj.find(b"\0", 0, len(data)) >= 0
+    return b"\0" in data
+
+
+def _drop_nuls(data, warnings: list[str]) -> bytes:
+    """The reader rule for NUL bytes: split on newlines, keep each line's bytes after its last NUL,
+    skip what is left empty. Every complete line holding a NUL stood for a record that was in flight
+    when the writer died (cut short, or reserved and never written, its NULs maybe glued in front of
+    the next record); they are counted in one warning. The unterminated NUL padding after the last
+    record never reaches here (`_chunks` drops it)."""
+    out, lost = [], 0
+    for line in bytes(data).split(b"\n"):
+        head, nul, tail = line.rpartition(b"\0")
+        lost += bool(nul)
+        if tail.strip():
+            out.append(tail)
+    if lost:
+        warnings.append(f"dropped {lost} record(s) lost to NUL bytes (a writer died mid-record)")
+    return b"\n".join(out) + b"\n" if out else b""
 
 
 def _read_frames(src: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:

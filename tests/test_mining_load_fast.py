@@ -148,3 +148,37 @@ def test_odd_records_and_damage(tmp_path, monkeypatch):
         assert sum(bad) == 2 and "dropped a truncated last line (30 bytes)" in d.warnings
     words = d.params[d.params["word"]]
     assert list(words["at"]) == [8, 24] and list(d.params["i"]) == [0, 0, 0, 1, 0]
+
+
+def test_nul_bytes_follow_the_reader_rule(sim, tmp_path, monkeypatch):
+    """What the mmap writer leaves after a kill (docs/dump-format.md "Writers"): NUL padding after
+    the last record, a reserved record never written (NULs + newline), a record cut short by NULs,
+    and a NUL run glued in front of a whole record. Every whole record is kept, the three in-flight
+    ones are counted, the padding is not a record, and a file without NULs reads as before."""
+    lines = (sim / "launches.jsonl").read_bytes().splitlines(keepends=True)
+    n = len(lines)
+    damaged = (b"".join(lines[:5])
+               + b"\0" * 300 + b"\n"                          # reserved, never written
+               + lines[5][:40] + b"\0" * 50 + b"\n"          # cut short: record 5 is lost
+               + b"\0" * 17 + lines[6]                        # NULs glued in front of record 6
+               + b"".join(lines[7:]) + b"\0" * 200_000)      # preallocated tail
+    f = tmp_path / "launches.jsonl"
+    f.write_bytes(damaged)
+    clean = tmp_path / "clean" / "launches.jsonl"
+    clean.parent.mkdir()
+    clean.write_bytes(b"".join(lines[:5] + lines[6:]))      # what survives: all but record 5
+    for chunk in (load.CHUNK, 4096, 100):    # 100 B: the NUL runs and records span chunks
+        monkeypatch.setattr(load, "CHUNK", chunk)
+        d = load_dump(f, cache=False)
+        same(d, reference(clean))
+        assert len(d.launches) == n - 1
+        lost = [int(w.split()[1]) for w in d.warnings if "lost to NUL bytes" in w]
+        assert sum(lost) == 3, d.warnings
+        assert not [w for w in d.warnings if "truncated" in w or "unparsable" in w], d.warnings
+    # a record cut short by the padding (no newline of its own) is lost and counted too
+    f.write_bytes(b"".join(lines[:-1]) + lines[-1][:25] + b"\0" * 1000)
+    d = load_dump(f, cache=False)
+    assert len(d.launches) == n - 1
+    assert d.warnings == ["dropped 1 record(s) lost to NUL bytes (a writer died mid-record)"]
+    # the fast path is untouched: no NUL, no NUL warning
+    assert not [w for w in load_dump(sim, cache=False).warnings if "NUL" in w]
