@@ -1,15 +1,19 @@
 """Capture overhead: added µs per launch on a launch-bound loop, and a model forward.
 
-    python benchmarks/bench_capture.py [--launches 200000] [--repeats 5] [--json out.json]
+    python benchmarks/bench_capture.py [--launches 100000] [--repeats 2] [--forwards 100] [--json out.json]
 
 Configurations (same binary, environment only):
   baseline      no injection
-  filtered      injected, MINE_CAPTURE_INCLUDE matches nothing: CUPTI callback + layout-cache hit
-  full          injected, every launch recorded (JSON line, pointer classification), MINE_CAPTURE_WRITER=mmap
-  full_write    the same with MINE_CAPTURE_WRITER=write (one write(2) per record: the old writer)
   modules_only  injected, MINE_CAPTURE_MODULES_ONLY=1 (no launch callbacks at all)
-The model forward (examples/torch_forward.py --bench) runs without and with full capture.
-Reports medians over repeats. A benchmark, not a test: it asserts nothing.
+  filtered      injected, MINE_CAPTURE_INCLUDE matches nothing: CUPTI callback + layout-cache hit
+  full <writer> pf<0|1> cls<0|1>
+                every launch recorded: MINE_CAPTURE_WRITER=write|mmap, MINE_CAPTURE_PREFAULT=0|1 (mmap
+                only), MINE_CAPTURE_CLASSIFY=0|1 (0: no pointer classification; diagnostic)
+The launch loop runs every configuration `--repeats` times, interleaved; the model forward
+(examples/torch_forward.py --bench) runs baseline, filtered and every full configuration
+`--forward-repeats` times (baseline once more at the end, to see drift). Reports medians; the JSON
+is rewritten after every stage, so a run cut short keeps what it measured. A benchmark, not a
+test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -40,11 +45,27 @@ def run_json(cmd, env) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def full_configs(inj: dict) -> dict:
+    out = {}
+    for writer in ("write", "mmap"):
+        for pf in (("1", "0") if writer == "mmap" else ("1",)):
+            for cls in ("1", "0"):
+                name = f"{writer}" + (f"_pf{pf}" if writer == "mmap" else "") + f"_cls{cls}"
+                out[name] = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf,
+                                 MINE_CAPTURE_CLASSIFY=cls)
+    return out
+
+
+def dump_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("launches.jsonl")) if d.exists() else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--launches", type=int, default=200000)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--forwards", type=int, default=200)
+    ap.add_argument("--launches", type=int, default=100000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--forwards", type=int, default=100)
+    ap.add_argument("--forward-repeats", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     lib = str(find_library())
@@ -54,51 +75,71 @@ def main() -> None:
                    check=True)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("MINE_CAPTURE_")}
     base_env.pop("CUDA_INJECTION64_PATH", None)
-    inj = dict(base_env, CUDA_INJECTION64_PATH=lib, MINE_CAPTURE_DIR=str(tmp / "dump"))
+    dump = tmp / "dump"
+    inj = dict(base_env, CUDA_INJECTION64_PATH=lib, MINE_CAPTURE_DIR=str(dump))
     configs = {
         "baseline": base_env,
         "modules_only": dict(inj, MINE_CAPTURE_MODULES_ONLY="1"),
         "filtered": dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$"),
-        "full": dict(inj, MINE_CAPTURE_WRITER="mmap"),
-        "full_write": dict(inj, MINE_CAPTURE_WRITER="write"),
+        **full_configs(inj),
     }
-    res = {name: [] for name in configs}
-    for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
-        for name, env in configs.items():
-            res[name].append(run_json([str(exe), str(args.launches)], env)["us_per_launch"])
-            subprocess.run(["rm", "-rf", str(tmp / "dump")])
-    med = {k: statistics.median(v) for k, v in res.items()}
     report = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.node(),
         "gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                               capture_output=True, text=True).stdout.strip(),
-        "launches": args.launches, "repeats": args.repeats,
-        "us_per_launch": med, "all": res,
-        "added_us_per_launch": {k: med[k] - med["baseline"] for k in med if k != "baseline"},
+        "launches": args.launches, "repeats": args.repeats, "forwards": args.forwards,
+        "forward_repeats": args.forward_repeats,
     }
+
+    def save() -> str:
+        text = json.dumps(report, indent=1)
+        if args.json:
+            args.json.write_text(text + "\n")
+        return text
+
+    t0 = time.monotonic()
+    res = {name: [] for name in configs}
+    rec_bytes = {}
+    for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
+        for name, env in configs.items():
+            res[name].append(run_json([str(exe), str(args.launches)], env)["us_per_launch"])
+            rec_bytes[name] = dump_bytes(dump)
+            subprocess.run(["rm", "-rf", str(dump)])
+    med = {k: statistics.median(v) for k, v in res.items()}
+    report["loop"] = {"us_per_launch": med, "all": res,
+                      "added_us_per_launch": {k: round(med[k] - med["baseline"], 3) for k in med if k != "baseline"},
+                      "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1)}
+    save()
+
     fwd = ROOT / "examples" / "torch_forward.py"
+    t0 = time.monotonic()
+    order = [k for k in configs if k != "modules_only"]
+    f_res = {k: [] for k in order}
+    f_bytes = {}
+    f_sec = {}
     try:
-        f_res = {"baseline": [], "full": [], "full_write": []}
-        for _ in range(3):
-            for cfg in f_res:
+        for _ in range(args.forward_repeats):
+            for cfg in order + ["baseline"]:
+                t1 = time.monotonic()
                 f_res[cfg].append(run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], configs[cfg]))
-            subprocess.run(["rm", "-rf", str(tmp / "dump")])
-        report["forward"] = {
-            cfg: {k: statistics.median(r[k] for r in runs) for k in ("eager_us_per_forward", "graph_us_per_forward")}
-            for cfg, runs in f_res.items()}
-        report["forward"]["ratio_eager"] = (report["forward"]["full"]["eager_us_per_forward"]
-                                            / report["forward"]["baseline"]["eager_us_per_forward"])
-        report["forward"]["ratio_eager_write"] = (report["forward"]["full_write"]["eager_us_per_forward"]
-                                                  / report["forward"]["baseline"]["eager_us_per_forward"])
-        report["forward"]["ratio_graph"] = (report["forward"]["full"]["graph_us_per_forward"]
-                                            / report["forward"]["baseline"]["graph_us_per_forward"])
+                f_sec[cfg] = round(time.monotonic() - t1, 1)
+                f_bytes[cfg] = dump_bytes(dump)
+                subprocess.run(["rm", "-rf", str(dump)])
+                fw = {c: {k: statistics.median(r[k] for r in runs)
+                          for k in ("eager_us_per_forward", "graph_us_per_forward")}
+                      for c, runs in f_res.items() if runs}
+                b = fw["baseline"]
+                report["forward"] = {
+                    "us": fw, "all_eager": {c: [r["eager_us_per_forward"] for r in runs] for c, runs in f_res.items()},
+                    "ratio_eager": {c: round(v["eager_us_per_forward"] / b["eager_us_per_forward"], 3) for c, v in fw.items()},
+                    "ratio_graph": {c: round(v["graph_us_per_forward"] / b["graph_us_per_forward"], 3) for c, v in fw.items()},
+                    "launches_jsonl_bytes": f_bytes, "seconds_per_process": f_sec,
+                    "seconds": round(time.monotonic() - t0, 1)}
+                save()
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        report["forward"] = {"error": str(exc)}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+        report["forward_error"] = str(exc)
+    print(save())
 
 
 if __name__ == "__main__":

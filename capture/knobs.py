@@ -32,9 +32,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_HOST_BYTES", "64", "bytes copied from a host pointee (at most 4096)", "uint"),
     Knob("MINE_CAPTURE_WRITER", "write",
          "write: one write(2) per record (files always exact); mmap: launches/graphs through a shared "
-         "file mapping (no syscall per record, -1.2 us/launch on a launch loop, but slower on an eager "
-         "torch forward so far; a killed or _exit()ed process leaves NUL bytes, see dump-format.md)",
+         "file mapping (no syscall per record, 1.2-1.4 us/launch less on a launch loop; eager torch forward "
+         "not resolved, see docs/benchmarks.md; a killed or _exit()ed process leaves NUL bytes, see dump-format.md)",
          "choice", ("write", "mmap")),
+    Knob("MINE_CAPTURE_PREFAULT", "1",
+         "mmap writer only: 1 = a helper thread keeps 1 MiB ahead granted and faulted in; 0 = no helper, "
+         "pages fault in on first touch (diagnostic)", "bool"),
+    Knob("MINE_CAPTURE_CLASSIFY", "1",
+         "1 = look up every plausible 8-byte parameter word (device allocation, host pointee, tensor map); "
+         "0 = record parameter bytes only, no ptrs/host/tmap keys (diagnostic: times capture without it)",
+         "bool"),
 )
 BY_ENV = {k.env: k for k in KNOBS}
 INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us

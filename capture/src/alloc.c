@@ -9,8 +9,9 @@
  * cuMemMap, cuIpcOpenMemHandle, cuMemPoolImportPointer, ...; callbacks.c) invalidates through a
  * second epoch: an integer that looks like an address costs one driver call per allocation epoch,
  * not one per launch. Both epochs are bumped at the API's exit, before the caller can hold the new
- * pointer, and each entry keeps the epoch read before its query, so a race only loses an entry. Host: the pointee is copied with process_vm_readv on
- * our own pid, which returns EFAULT instead of faulting on unmapped memory.
+ * pointer, and each entry keeps the epoch read before its query, so a race only loses an entry.
+ * Host: the pointee is copied with process_vm_readv on our own pid, which returns EFAULT instead
+ * of faulting on unmapped memory; a word that was unreadable is not re-tried for 10 ms (below).
  * Not checked: whether a word that lands in an allocation really is a pointer (an integer can
  * alias one); analysis decides that across launches. */
 #include "mc.h"
@@ -25,8 +26,20 @@
 typedef struct { uint64_t base, size, id; unsigned epoch; } cache_ent_t;
 static __thread cache_ent_t tl_cache[CACHE_N];
 static __thread unsigned tl_next;
-#define NEG_N 64
+#define NEG_N 256
 static __thread struct { uint64_t v; unsigned epoch; } tl_neg[NEG_N];
+/* Words that process_vm_readv could not read (not mapped in this process). Host mappings made
+ * outside CUDA are invisible to us, so an entry holds for HOST_NEG_NS only (and until the next
+ * CUDA allocation or host registration): a word is re-tried at most every HOST_NEG_NS, not at
+ * every launch. Torch's launch parameters repeat the same non-pointer words (IntDivider magics,
+ * uninitialised padding) in every forward, and each try is one syscall. */
+#define HOST_NEG_N 256
+#define HOST_NEG_NS 10000000ull
+static __thread struct { uint64_t v, t_ns; unsigned epoch; } tl_host_neg[HOST_NEG_N];
+
+static inline unsigned word_slot(uint64_t v, unsigned n) {
+  return (unsigned)((v * 0x9E3779B97F4A7C15ull) >> 40) % n;
+}
 
 int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   if (!PLAUSIBLE(v)) return 0;
@@ -39,7 +52,7 @@ int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
     }
   }
   unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
-  unsigned slot = (unsigned)((v >> 4) ^ (v >> 12)) % NEG_N;
+  unsigned slot = word_slot(v, NEG_N);
   if (tl_neg[slot].epoch == aep && tl_neg[slot].v == v) return 0;
   unsigned int mtype = 0;
   CUdeviceptr start = 0;
@@ -97,14 +110,25 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     }
   }
   if (nptr) jb_lit(b, "]");
+  uint64_t now = 0;
   for (size_t k = 0; k < nmaybe && maybe_host[k] < 255; k++) {
     size_t w = maybe_host[k];
     uint64_t v;
     memcpy(&v, p + 8 * w, 8);
     unsigned char buf[4096];
     unsigned want = mc_knobs.host_bytes < sizeof buf ? mc_knobs.host_bytes : sizeof buf;
+    unsigned hs = word_slot(v, HOST_NEG_N);
+    unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
+    if (tl_host_neg[hs].v == v && tl_host_neg[hs].epoch == aep) {
+      if (now == 0) now = mc_now_ns();
+      if (now - tl_host_neg[hs].t_ns < HOST_NEG_NS) continue;
+    }
     int got = mc_host_read(v, buf, want);
-    if (got <= 0) continue;
+    if (got <= 0) {
+      if (now == 0) now = mc_now_ns();
+      tl_host_neg[hs].v = v; tl_host_neg[hs].t_ns = now; tl_host_neg[hs].epoch = aep;
+      continue;
+    }
     if (nhost++) jb_lit(b, ",{\"at\":"); else jb_lit(b, ",\"host\":[{\"at\":");
     jb_u64(b, 8 * w);
     jb_lit(b, ",\"addr\":"); jb_ptr(b, v);

@@ -18,35 +18,63 @@ static __thread int tl_in_cb;
 #define CBID_CASE(n) case CUPTI_DRIVER_TRACE_CBID_##n:
 #define CBID_LIST(n) CUPTI_DRIVER_TRACE_CBID_##n,
 
-/* ---- tensor maps: a seqlock-guarded ring the launch path reads without a lock ---- */
+/* ---- tensor maps: a seqlock-guarded ring the launch path reads without a lock ----
+ * Found through a hash index (TMAP_SETS sets of TMAP_WAYS ring slots, keyed by a hash of the 128
+ * bytes): a launch looks at every 64-byte-aligned 128-byte window of its parameters, and cuBLASLt
+ * encodes maps at every GEMM call, so a scan of the whole ring at each window grew with the run.
+ * An index entry may name a slot that was overwritten since: the bytes are compared under the
+ * slot's seqlock, so a stale entry only misses. */
 #define TMAP_RING 4096
-typedef struct { atomic_uint ver; int64_t seq; unsigned char bytes[128]; } tmap_t;
+#define TMAP_SETS 2048
+#define TMAP_WAYS 4
+typedef struct { atomic_uint ver; uint64_t hash; int64_t seq; unsigned char bytes[128]; } tmap_t;
 static tmap_t tmaps[TMAP_RING];
 static atomic_uint ntmaps;
+static atomic_uint tmap_index[TMAP_SETS][TMAP_WAYS]; /* ring slot + 1; 0 empty */
+static unsigned char tmap_way[TMAP_SETS];             /* next way to replace, under tmap_lock */
 static pthread_mutex_t tmap_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static uint64_t tmap_hash(const unsigned char *p) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  for (int i = 0; i < 16; i++) {
+    uint64_t w;
+    memcpy(&w, p + 8 * i, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  return h | 1; /* never 0 */
+}
+
 int64_t mc_tmap_find(const unsigned char *p) {
-  unsigned n = atomic_load_explicit(&ntmaps, memory_order_acquire);
-  if (n > TMAP_RING) n = TMAP_RING;
-  for (unsigned i = 0; i < n; i++) {
-    unsigned v = atomic_load_explicit(&tmaps[i].ver, memory_order_acquire);
+  if (atomic_load_explicit(&ntmaps, memory_order_acquire) == 0) return -1;
+  uint64_t h = tmap_hash(p);
+  unsigned set = (unsigned)(h >> 32) % TMAP_SETS;
+  for (int w = 0; w < TMAP_WAYS; w++) {
+    unsigned i = atomic_load_explicit(&tmap_index[set][w], memory_order_acquire);
+    if (i == 0 || i > TMAP_RING) continue;
+    tmap_t *t = &tmaps[i - 1];
+    unsigned v = atomic_load_explicit(&t->ver, memory_order_acquire);
     if (v == 0 || (v & 1)) continue;
-    if (memcmp(tmaps[i].bytes, p, 128) != 0) continue;
-    int64_t s = tmaps[i].seq;
-    if (atomic_load_explicit(&tmaps[i].ver, memory_order_acquire) == v) return s;
+    if (t->hash != h || memcmp(t->bytes, p, 128) != 0) continue;
+    int64_t s = t->seq;
+    if (atomic_load_explicit(&t->ver, memory_order_acquire) == v) return s;
   }
   return -1;
 }
 
 static void tmap_remember(const void *map, int64_t seq) {
+  uint64_t h = tmap_hash(map);
+  unsigned set = (unsigned)(h >> 32) % TMAP_SETS;
   pthread_mutex_lock(&tmap_lock);
   unsigned i = atomic_load(&ntmaps) % TMAP_RING;
   tmap_t *t = &tmaps[i];
   unsigned v = atomic_load(&t->ver); /* even between writes; odd while being written */
   atomic_store_explicit(&t->ver, v + 1, memory_order_release);
   memcpy(t->bytes, map, 128);
+  t->hash = h;
   t->seq = seq;
   atomic_store_explicit(&t->ver, v + 2, memory_order_release);
+  atomic_store_explicit(&tmap_index[set][tmap_way[set]++ % TMAP_WAYS], i + 1, memory_order_release);
   atomic_fetch_add(&ntmaps, 1);
   pthread_mutex_unlock(&tmap_lock);
 }
@@ -387,7 +415,7 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
     jb_lit(b, ",\"off\":"); jb_u64(b, e->off[i]);
     jb_lit(b, ",\"size\":"); jb_u64(b, sz);
     jb_lit(b, ",\"hex\":");
-    if (src) { jb_hex(b, src, sz); mc_classify_words(b, src, sz); }
+    if (src) { jb_hex(b, src, sz); if (!mc_knobs.no_classify) mc_classify_words(b, src, sz); }
     else jb_lit(b, "\"\"");
     jb_lit(b, "}");
   }

@@ -135,6 +135,8 @@ static void read_knobs(void) {
     if (strcmp(w, "mmap") == 0) mc_knobs.writer_write = 0;
     else fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_WRITER=%s: not write or mmap\n", w);
   }
+  mc_knobs.no_prefault = env_u64("MINE_CAPTURE_PREFAULT", 1) == 0;
+  mc_knobs.no_classify = env_u64("MINE_CAPTURE_CLASSIFY", 1) == 0;
 }
 
 /* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
@@ -236,6 +238,8 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"modules_only\":"); jb_u64(&b, (uint64_t)mc_knobs.modules_only);
   jb_lit(&b, ",\"host_bytes\":"); jb_u64(&b, mc_knobs.host_bytes);
   jb_lit(&b, ",\"writer\":"); jb_str(&b, mc_writer_name());
+  jb_lit(&b, ",\"prefault\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_prefault);
+  jb_lit(&b, ",\"classify\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_classify);
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);

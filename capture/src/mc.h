@@ -71,6 +71,10 @@ typedef struct {
   int modules_only;
   unsigned host_bytes;
   int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
+  int no_prefault;           /* MINE_CAPTURE_PREFAULT=0: mmap writer without the helper thread or
+                                madvise; pages fault in on first touch (diagnostic) */
+  int no_classify;           /* MINE_CAPTURE_CLASSIFY=0: no "ptrs"/"host"/"tmap" keys (diagnostic:
+                                times the writer without pointer classification) */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 

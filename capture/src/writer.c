@@ -16,7 +16,9 @@
  * (capture off, one stderr line), never a SIGBUS. A helper thread (started with the files, all
  * signals blocked, never calls CUDA) keeps 1 MiB ahead of the writers granted and faulted in
  * (MADV_POPULATE_WRITE): a first touch of a page costs ~2 us in a VM, which would otherwise land
- * on every ~6th launch. Woken by the record that crosses a 256 KiB mark.
+ * on every ~6th launch. Woken by the record that crosses a 256 KiB mark. MINE_CAPTURE_PREFAULT=0
+ * (diagnostic) starts no helper and faults nothing in ahead: pages fault on first touch, and the
+ * writing thread grows the file itself.
  * A record that straddles two windows (or finds no mapping) is written with pwrite(2) at its
  * reserved offset (same page cache). At exit (atexit and the library destructor) the file is
  * sealed and truncated to its true length; records made after the seal are pwrite(2) appends.
@@ -325,7 +327,7 @@ int mc_files_open(void) {
     if (open_one(f) != 0) return -1;
   }
   atomic_store(&bytes_written, 0);
-  if (files[MC_F_LAUNCHES].mapped || files[MC_F_GRAPHS].mapped) helper_start();
+  if ((files[MC_F_LAUNCHES].mapped || files[MC_F_GRAPHS].mapped) && !mc_knobs.no_prefault) helper_start();
   mc_meta_write(0);
   return 0;
 }
@@ -496,7 +498,7 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   /* Crossed a PREFAULT mark: the helper faults in what comes next (or, without it, we do). */
   if (off / PREFAULT != end / PREFAULT) {
     if (helper_on) helper_kick();
-    else if (!atomic_load_explicit(&populate_off, memory_order_relaxed)) {
+    else if (!mc_knobs.no_prefault && !atomic_load_explicit(&populate_off, memory_order_relaxed)) {
       uint64_t at = end / PREFAULT * PREFAULT + PREFAULT;
       if (at + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire) && !F->final) {
         char *pw = window(F, at >> WIN_SHIFT);
