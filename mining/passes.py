@@ -20,7 +20,8 @@ boundary), so:
    (Triton compiling a kernel at its first use stalls a forward for ~1 s, longer than the ~50 ms
    between two requests), so only gaps outside forwards' model sections (first to last core launch)
    separate requests: such a gap in the idle range (see `_idle_threshold`) starts a new request
-   window. `window` is that request window.
+   window. `window` is that request window; a forward's launches all take the window its model
+   section starts in.
 
 Windows holding no core launch are noise (`forward == -1`). Not handled: interleaved concurrent
 requests (bs > 1 windows still split, but by the same rule), graph replays.
@@ -209,7 +210,12 @@ def _request_windows(window: np.ndarray, forward: np.ndarray, t_ns: np.ndarray, 
         inside[lo:hi] = True
     thr = _idle_threshold(gaps[~inside])
     cut = (~inside & (gaps > thr)) | (np.diff(window) != 0)
-    return np.concatenate([[0], np.cumsum(cut)]).astype(np.int32), min(thr, gap_ns)
+    request = np.concatenate([[0], np.cumsum(cut)]).astype(np.int32)
+    # a forward belongs to the request its model section runs in: the staging launches before it
+    # can sit on the far side of a first-use compilation stall
+    member = forward >= 0
+    request[member] = request[spans["min"].reindex(forward[member]).to_numpy()]
+    return request, min(thr, gap_ns)
 
 
 def _forward_frame(launches: pd.DataFrame, window: np.ndarray, forward: np.ndarray) -> pd.DataFrame:
