@@ -73,12 +73,10 @@ def _pid_dirs(folder: Path) -> list[Path]:
 
 
 def _launch_count_hint(pid_dir: Path) -> int:
-    try:
-        meta = json.loads((pid_dir / "meta.json").read_text())
-        return int(meta["counters"]["launches_recorded"])
-    except (OSError, ValueError, KeyError, TypeError):
-        f = _launch_file(pid_dir)
-        return f.stat().st_size if f else -1
+    """How much a process launched, comparable across processes: the size of its launches file
+    (a killed process has no counters, so counts and sizes must not be mixed)."""
+    f = _launch_file(pid_dir)
+    return f.stat().st_size if f else -1
 
 
 def resolve(path: str | os.PathLike, pid: int | None = None) -> Path:
