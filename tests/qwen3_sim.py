@@ -25,10 +25,16 @@ SYM = {
     "attn": "kernel_unified_attention",
     "reduce": "reduce_segments",
     "gemm": "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_coopA_TNT",
+    # cuBLASLt picks a kernel per GEMM shape, so each projection has its own symbol
+    "qkv": "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "o": "nvjet_sm90_tst_8x64_64x16_2x1_v_bz_TNN",
+    "gate_up": "nvjet_sm90_tst_64x24_64x16_1x2_h_bz_TNT", "down": "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT",
+    "lm_head": "nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT",
+    "embed": "_ZN2at6native44_GLOBAL__N__50c743a2_11_Indexing_cu_89862edb21indexSelectSmallIndex",
 }
 SHA = {k: hashlib.sha256(f"placeholder cubin {k}".encode()).hexdigest() for k in ("C", "cache", "attn2d", "attn3d", "reduce", "gemm")}
 MODULE = {"rms": "C", "rms_head": "C", "fadd": "C", "rope": "C", "silu": "C", "cache": "cache",
-          "reduce": "reduce", "gemm": "gemm"}
+          "reduce": "reduce", "gemm": "gemm", "qkv": "gemm", "o": "gemm", "gate_up": "gemm", "down": "gemm",
+          "lm_head": "gemm", "embed": "gemm"}
 EPS, BS, W, SEGS = 1e-6, 16, 256, 16
 
 
@@ -95,21 +101,21 @@ def simulate(out: Path, cfg, prompts=(34, 85, 5), steps=3, plant=None) -> Path:
         seq[0] += 1
         t[0] += 5000
 
-    def gemm():
-        launch("gemm", [8, 1, 1], [128, 1, 1], [])
+    def gemm(which):
+        launch(which, [8, 1, 1], [128, 1, 1], [])
 
     def forward(T, decode, attention=True):
         rms = lambda out, inp, s2, s3, sh2, weight, n, hid: [P(*out) if isinstance(out, tuple) and out[0] != "ptr" else out, inp,
                                                              ("i64", s2), ("i64", s3), ("i64", 0), ("i64", sh2), ("i64", T), weight,
                                                              ("i64", 0), ("f32", EPS), ("i32", n), ("i32", hid)]
-        launch("gemm", [T, 1, 1], [128, 1, 1], [])   # embedding (ATen)
+        launch("embed", [T, 1, 1], [128, 1, 1], [])   # embedding (ATen)
         for layer in range(L):
             if layer == 0:
                 launch("rms", [T, 1, 1], [1024, 1, 1], rms(P(X), P(R), H, H * T, T, w(layer, 0), T, H), layer, "in_norm")
             else:
                 launch("fadd", [T, 1, 1], [1024, 1, 1], [P(X), ("i64", H), P(R), w(layer, 0), ("f32", EPS), ("i32", T), ("i32", H)],
                        layer, "add_norm")
-            gemm()
+            gemm("qkv")
             launch("rms_head", [T * cfg.heads, 1, 1], [256, 1, 1],
                    rms(P(Qb), P(QKV), D, qkvw, cfg.heads, w(layer, 2), T * cfg.heads, D), layer, "q_norm")
             launch("rms_head", [T * cfg.kv_heads, 1, 1], [256, 1, 1],
@@ -138,15 +144,15 @@ def simulate(out: Path, cfg, prompts=(34, 85, 5), steps=3, plant=None) -> Path:
             else:
                 launch("attn", [T // bq + 1, cfg.kv_heads, 1], [128, 1, 1], common + [("i64", 0), ("i64", 0)], layer, "attn",
                        sha=SHA["attn2d"], regs=128)
-            gemm()
+            gemm("o")
             launch("fadd", [T, 1, 1], [1024, 1, 1], [P(X), ("i64", H), P(R), w(layer, 1), ("f32", EPS), ("i32", T), ("i32", H)],
                    layer, "post_norm")
-            gemm()
+            gemm("gate_up")
             launch("silu", [T, 1, 1], [1024, 1, 1], [P(ACT), P(GU), ("i32", cfg.inter), ("f32", 0.0), ("f32", 0.0), ("f32", 0.0)],
                    layer, "silu")
-            gemm()
+            gemm("down")
         launch("fadd", [T, 1, 1], [1024, 1, 1], [P(X), ("i64", H), P(R), w(L, 0), ("f32", EPS), ("i32", T), ("i32", H)], -1, "final_norm")
-        gemm()
+        gemm("lm_head")
         t[0] += 3_000_000
 
     forward(256, False, attention=False)

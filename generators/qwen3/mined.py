@@ -1,9 +1,10 @@
 """Read a vLLM Qwen3 capture: the forwards, every call site's kernel instance, and the wiring check.
 
-`mine(dump, cfg)` walks the launches that belong to the model's layers (families in `kernels.py`;
-GEMMs, ATen and sampling kernels are skipped), splits them into forwards by their structure
-(input norm, per layer: norm, q/k head norms, rope, cache write, attention [+ reduce], norm, silu;
-final norm), and returns per (phase, role) the one kernel instance it launches and how each scalar
+`mine(dump, cfg)` takes the forward passes `mining.passes` finds (so forward numbers match
+`mine analyze`), walks each one's launches that belong to the model's layers (families in
+`kernels.py`; GEMMs, ATen and sampling kernels are skipped) through the Qwen3 structure (input
+norm, per layer: norm, q/k head norms, rope, cache write, attention [+ reduce], norm, silu; final
+norm), and returns per (phase, role) the one kernel instance it launches and how each scalar
 depends on the forward's token count. Forwards whose structure differs (profiling and warm-up
 passes that skip attention) are left out and counted.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
+from mining.passes import split_passes
 
 
 class WiringMismatch(ValueError):
@@ -146,32 +148,44 @@ def _layer_block(ls: list[Launch], k: int, first: bool, cfg) -> tuple[list, int]
     return got, k
 
 
-def forwards(launches: list[Launch], cfg) -> tuple[list[list[Launch]], int]:
-    """Split the tagged launches into whole forwards; also the count of partial ones left out."""
-    out, skipped, k = [], 0, 0
-    while k < len(launches):
-        x = launches[k]
-        if not (x.tag == "rms" and _val(x, RMS_HIDDEN) == cfg.hidden):
-            k += 1
-            continue
-        fwd, j, ok = [], k, True
-        for layer in range(cfg.layers):
-            blk = _layer_block(launches, j, layer == 0, cfg)
-            if blk is None:
-                ok = False
-                break
-            for role, lx in blk[0]:
-                lx.layer, lx.role = layer, role
-                fwd.append(lx)
-            j = blk[1]
-        if ok and j < len(launches) and launches[j].tag == "fadd" and _val(launches[j], FADD_HIDDEN) == cfg.hidden:
-            launches[j].layer, launches[j].role = -1, "final_norm"
-            fwd.append(launches[j])
-            out.append(fwd)
-            k = j + 1
-        else:
+def _walk(ls: list[Launch], cfg) -> list[Launch] | None:
+    """One forward's model launches with layer and role set, or None if its shape is not a whole
+    Qwen3 forward (vLLM's profiling pass runs without attention and is left out)."""
+    if not ls or not (ls[0].tag == "rms" and _val(ls[0], RMS_HIDDEN) == cfg.hidden):
+        return None
+    fwd, j = [], 0
+    for layer in range(cfg.layers):
+        blk = _layer_block(ls, j, layer == 0, cfg)
+        if blk is None:
+            return None
+        for role, lx in blk[0]:
+            lx.layer, lx.role = layer, role
+            fwd.append(lx)
+        j = blk[1]
+    if j != len(ls) - 1 or ls[j].tag != "fadd" or _val(ls[j], FADD_HIDDEN) != cfg.hidden:
+        return None
+    ls[j].layer, ls[j].role = -1, "final_norm"
+    fwd.append(ls[j])
+    return fwd
+
+
+def forwards(launches: list[Launch], forward_of: dict[int, int], cfg) -> tuple[list[list[Launch]], int]:
+    """The whole forwards among the analysis' forward passes (`mining.passes`), each with its
+    forward number; also how many passes were left out for their shape."""
+    by: dict[int, list[Launch]] = {}
+    for x in launches:
+        f = forward_of.get(x.seq, -1)
+        if f >= 0:
+            by.setdefault(f, []).append(x)
+    out, skipped = [], 0
+    for f in sorted(by):
+        fwd = _walk(by[f], cfg)
+        if fwd is None:
             skipped += 1
-            k += 1
+            continue
+        for x in fwd:
+            x.forward = f
+        out.append(fwd)
     return out, skipped
 
 
@@ -449,14 +463,16 @@ def _check_stable(fwds: list[list[Launch]]) -> None:
 def mine(dump, cfg) -> Mined:
     """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`)."""
     tagged = _launches(dump)
-    fwds, skipped = forwards(tagged, cfg)
+    passes = split_passes(dump.launches)
+    forward_of = dict(zip(dump.launches["seq"].to_numpy().tolist(), passes.forward.tolist()))
+    fwds, skipped = forwards(tagged, forward_of, cfg)
     result = []
-    for n, fwd in enumerate(fwds):
+    for fwd in fwds:
         tokens = next(x for x in fwd if x.role == "rope").grid[0]
         seqs = _seqs(fwd, tokens, cfg)
         for x in fwd:
-            x.forward, x.tokens, x.seqs = n, tokens, seqs
-        result.append((n, "d" if any(x.role == "attn3d" for x in fwd) else "p", tokens))
+            x.tokens, x.seqs = tokens, seqs
+        result.append((fwd[0].forward, "d" if any(x.role == "attn3d" for x in fwd) else "p", tokens))
     phases = {p for _, p, _ in result}
     if phases != {"p", "d"}:
         have = ", ".join(sorted(phases)) or "none"
