@@ -85,7 +85,7 @@ extern atomic_uint mc_alloc_epoch;   /* bumped on every allocation/mapping: inva
 extern atomic_int mc_capturing;      /* streams being captured into graphs right now */
 extern int mc_pid;
 enum { MC_DROP_FILTERED, MC_DROP_SKIP, MC_DROP_MAX_LAUNCHES, MC_DROP_MAX_BYTES, MC_DROP_OFF,
-       MC_DROP_COUNT };
+       MC_DROP_NO_MEMORY, MC_DROP_COUNT };
 extern const char *const mc_drop_names[MC_DROP_COUNT];
 typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
@@ -101,10 +101,10 @@ int mc_ctx_device(CUcontext ctx);
 void mc_meta_write(int final);
 
 /* writer.c: a growable per-thread JSON buffer and the dump files. */
-typedef struct { char *p; size_t n, cap; } jb_t;
+typedef struct { char *p; size_t n, cap; int bad; } jb_t; /* bad: an allocation failed; the record is dropped */
 #define JB_SEQ_ROOM 40 /* bytes reserved in front of a record for `{"seq":N,` */
 jb_t *jb_thread(void);                 /* this thread's buffer, emptied, room reserved */
-void jb_need(jb_t *b, size_t more);
+int jb_need(jb_t *b, size_t more);       /* 0, or -1 (b->bad set) when memory ran out */
 void jb_raw(jb_t *b, const char *s, size_t n);
 #define jb_lit(b, s) jb_raw((b), ("" s), sizeof(s) - 1) /* literals only */
 void jb_str(jb_t *b, const char *s);   /* JSON string with quotes and escapes */

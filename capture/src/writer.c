@@ -101,20 +101,25 @@ jb_t *jb_thread(void) {
     b->p = p; b->cap = 4096;
   }
   b->n = JB_SEQ_ROOM;
+  b->bad = 0;
   return b;
 }
 
-void jb_need(jb_t *b, size_t more) {
-  if (b->n + more <= b->cap) return;
+/* Out of memory inside the host is the host's problem to meet, not ours to cause: the record
+ * being built is marked bad, every later append is a no-op, and mc_write_record drops it. */
+int jb_need(jb_t *b, size_t more) {
+  if (b->bad) return -1;
+  if (b->n + more <= b->cap) return 0;
   size_t cap = b->cap ? b->cap : 4096;
   while (cap < b->n + more) cap *= 2;
   char *p = realloc(b->p, cap); /* thread-local: nobody else reads it */
-  if (!p) abort();              /* out of memory inside the host: nothing sane is left */
+  if (!p) { b->bad = 1; return -1; }
   b->p = p; b->cap = cap;
+  return 0;
 }
 
 void jb_raw(jb_t *b, const char *s, size_t n) {
-  jb_need(b, n);
+  if (jb_need(b, n)) return;
   memcpy(b->p + b->n, s, n);
   b->n += n;
 }
@@ -122,7 +127,7 @@ void jb_raw(jb_t *b, const char *s, size_t n) {
 void jb_str(jb_t *b, const char *s) {
   static const char hx[] = "0123456789abcdef";
   size_t n = s ? strlen(s) : 0;
-  jb_need(b, n * 6 + 2);
+  if (jb_need(b, n * 6 + 2)) return;
   char *o = b->p + b->n;
   *o++ = '"';
   for (size_t i = 0; i < n; i++) {
@@ -159,7 +164,7 @@ void jb_ptr(jb_t *b, uint64_t v) {
 void jb_hex(jb_t *b, const void *p, size_t n) {
   static const char hx[] = "0123456789abcdef";
   const unsigned char *s = p;
-  jb_need(b, 2 * n + 2);
+  if (jb_need(b, 2 * n + 2)) return;
   char *o = b->p + b->n;
   *o++ = '"';
   for (size_t i = 0; i < n; i++) { *o++ = hx[s[i] >> 4]; *o++ = hx[s[i] & 15]; }
@@ -513,6 +518,10 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
 int64_t mc_write_record(int file, jb_t *b, int with_seq) {
   if (!mc_files_ready()) return -1;
   jb_lit(b, "}\n");
+  if (b->bad) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_NO_MEMORY], 1);
+    return -1;
+  }
   size_t body = b->n - JB_SEQ_ROOM;
   if (mc_knobs.max_bytes &&
       atomic_fetch_add(&bytes_written, body + 24) + body + 24 > mc_knobs.max_bytes) {
