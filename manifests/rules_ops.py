@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from manifests import expr as ex
 from manifests.diagnostics import key_path
-from manifests.model import DTYPE_BYTES, KernelLaunch, param_type
+from manifests.model import KernelLaunch, param_type
 from manifests.verify import Scope, shape_bytes
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)

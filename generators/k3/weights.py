@@ -39,7 +39,7 @@ class Binder:
 
     # ---- per layer ----------------------------------------------------------------------------
     def common(self, i):
-        c, L, H = self.c, f"l{i}.", self.c.hidden_size
+        L, H = f"l{i}.", self.c.hidden_size
         self.weight(L + "norms", BF16, [2, H], [self.seg(self.t(i, "input_layernorm.weight")),
                                                self.seg(self.t(i, "post_attention_layernorm.weight"))])
         names = ([] if i == 0 else ["self_attention_res_norm.weight", "self_attention_res_proj.weight"]) + \
