@@ -10,8 +10,10 @@ the address behaves across forwards and layers:
 - maybe_pointer: the word pointed into an allocation in some forwards only (an optional pointer
   that is sometimes NULL, or an integer that happened to land in a range);
 - workspace: a pointer in every forward, at an address that moves;
-- kv_pool: stable, different per layer, and the same address is used by two different kernels of
-  a layer (written by one, read by another);
+- kv_pool: stable, different per layer, the same address used by two different kernels of a
+  layer (written by one, read by another), and a large region per layer (its own allocation, or
+  layers at least KV_REGION apart in one): small per-layer tensors two kernels share (KV scales)
+  are weights;
 - weight: stable and different per layer otherwise;
 - input: stable, shared (not per layer), in a small allocation (<= 16 MiB) that the forward's head
   kernels (those before the first layer) also point into;
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 SMALL_ALLOC = 16 << 20
+KV_REGION = 1 << 20
 
 
 def pointer_words(params: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -68,7 +71,13 @@ def classify(params: pd.DataFrame, table: pd.DataFrame, index: pd.DataFrame
     per_layer = inlayer & (out["layer_addrs"] > 1)
     users = out[inlayer].groupby(["layer", "value"])["symbol"].nunique().rename("users")
     out = out.join(users, on=["layer", "value"])
-    out.loc[per_layer, "role"] = np.where(out.loc[per_layer, "users"] >= 2, "kv_pool", "weight")
+    if per_layer.any():
+        region = out[per_layer].groupby(key).apply(_layer_region)
+        out = out.join(pd.Series(region, name="region"), on=key)
+    else:
+        out["region"] = np.nan
+    shared_big = (out["users"] >= 2) & (out["region"] >= KV_REGION)
+    out.loc[per_layer, "role"] = np.where(shared_big[per_layer], "kv_pool", "weight")
 
     layer_sites = index[index["layer"] >= 0]
     first_layer_seq = layer_sites["first_seq"].min() if len(layer_sites) else np.inf
@@ -77,8 +86,18 @@ def classify(params: pd.DataFrame, table: pd.DataFrame, index: pd.DataFrame
     shared = stable & ~per_layer
     is_input = shared & out["buffer_id"].isin(head_ids) & (out["alloc_size"] <= SMALL_ALLOC)
     out.loc[is_input, "role"] = "input"
-    out = out.drop(columns=["layer_addrs", "users", "first_seq"])
+    out = out.drop(columns=["layer_addrs", "users", "first_seq", "region"])
     return out, _strides(out)
+
+
+def _layer_region(grp: pd.DataFrame) -> float:
+    """Bytes one layer's target can span: its allocation when every layer has its own, else the
+    smallest distance between two layers' addresses in one allocation."""
+    if grp["buffer_id"].nunique() == grp["value"].nunique():
+        return float(grp["alloc_size"].min())
+    gaps = [np.diff(np.sort(g["value"].astype("int64").unique())) for _, g in grp.groupby("buffer_id")]
+    gaps = np.concatenate([d for d in gaps if len(d)]) if any(len(d) for d in gaps) else np.array([])
+    return float(gaps.min()) if len(gaps) else float(grp["alloc_size"].min())
 
 
 def _strides(ptrs: pd.DataFrame) -> pd.DataFrame:

@@ -208,6 +208,10 @@ def test_pointer_roles(off):
     assert set(kv["role"]) == {"kv_pool"} and len(kv) == 2 * LAYERS
     assert kv.groupby("i")["value"].nunique().tolist() == [LAYERS, LAYERS]
     assert (kv["alloc_size"] > 1 << 30).all() and kv["alloc_base"].nunique() == LAYERS
+    # the KV scales (attention i=7, 8) are shared with the cache write too, but each layer's is a
+    # few bytes in a shared 2 MiB arena: weights, not pools
+    sc = P[(P["symbol"] == ATTN) & P["i"].isin([7, 8]) & (P["layer"] >= 0)]
+    assert set(sc["role"]) == {"weight"} and (sc["alloc_size"] <= 2 << 20).all()
     wr = P[(P["symbol"] == CACHE) & P["i"].isin([2, 3]) & (P["layer"] >= 0)]
     pairs = lambda d: set(zip(d["layer"], d["i"], d["value"]))  # noqa: E731
     assert pairs(kv) == pairs(wr)
