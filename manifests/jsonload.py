@@ -23,11 +23,13 @@ class ManifestReadError(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ManifestReadError(f"duplicate key `{key}` in a JSON object")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: find which key, in document order
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ManifestReadError(f"duplicate key `{key}` in a JSON object")
+            seen.add(key)
     return out
 
 

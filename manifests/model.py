@@ -134,13 +134,16 @@ class TaggedT:
         self.what, self.forms, self.offset_forms = what, forms, offset_forms
 
     def parse(self, v, path, ctx):
-        if isinstance(v, dict):
-            keys = set(v)
-            for form, typ in self.forms.items():
-                allowed = {form, "offset"} if form in self.offset_forms else {form}
-                if form in keys and keys <= allowed:
+        # exactly one form key, plus `offset` where that form allows it (objects have 1-2 keys,
+        # so look at the object's keys rather than trying every form)
+        if isinstance(v, dict) and 1 <= len(v) <= 2:
+            present = [k for k in v if k in self.forms]
+            if len(present) == 1:
+                form = present[0]
+                rest = len(v) - 1
+                if rest == 0 or ("offset" in v and form in self.offset_forms):
                     off = U64.parse(v["offset"], f"{path}.offset", ctx) if "offset" in v else None
-                    return Tagged(form, typ.parse(v[form], f"{path}.{form}", ctx), off)
+                    return Tagged(form, self.forms[form].parse(v[form], f"{path}.{form}", ctx), off)
         raise ModelError(path, f"not a {self.what} (one of "
                          + ", ".join(self.forms) + ")")
 

@@ -11,6 +11,7 @@ cross-references (that is `verify`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import field
 from typing import Any
@@ -126,6 +127,7 @@ class ParamTypeT(Plain):
         return v
 
 
+@functools.lru_cache(maxsize=4096)  # a manifest repeats a handful of type strings many times
 def param_type(text: str) -> tuple | None:
     """`"in buffer<bf16>"` -> ("buffer", "in", "bf16"); scalars ("scalar", t); None if invalid.
 
