@@ -42,6 +42,11 @@ KNOBS: tuple[Knob, ...] = (
          "1 = look up every plausible 8-byte parameter word (device allocation, host pointee, tensor map); "
          "0 = record parameter bytes only, no ptrs/host/tmap keys (diagnostic: times capture without it)",
          "bool"),
+    Knob("MINE_CAPTURE_ALLOC_LOG", "0",
+         "1 = write every device allocation/free/mapping event (cuMemAlloc*, cuMemFree*, VMM map/unmap, "
+         "async pools, IPC) to allocs.jsonl, so mining classifies pointer words offline; combine with "
+         "MINE_CAPTURE_CLASSIFY=0 to skip the per-launch driver lookups (docs/dump-format.md)",
+         "bool"),
 )
 BY_ENV = {k.env: k for k in KNOBS}
 INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us

@@ -148,3 +148,291 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     if (ntmap) jb_lit(b, "]");
   }
 }
+
+/* ---- the allocation log (MINE_CAPTURE_ALLOC_LOG=1; docs/dump-format.md "allocs.jsonl") ----
+ * Every allocation, free and mapping API the library hears of becomes one allocs.jsonl record,
+ * so mining can classify parameter words offline (mining/allocs.py) and a capture can run with
+ * MINE_CAPTURE_CLASSIFY=0 (no driver call per launch). Each event carries `seq_before`, the
+ * launches.jsonl seq the next recorded launch gets, and `order`, a process-wide ticket: a launch
+ * with seq s sees the events with seq_before <= s, applied in (seq_before, order) order.
+ * Allocations and mappings are stamped at the API's exit (the address exists from then on);
+ * frees and unmaps at its entry, before the driver can hand the address to another thread, so a
+ * reuse of the address is always ordered after the free that made it possible. The record is
+ * written at exit either way, with the API's CUresult (a failed call is logged, readers skip it).
+ * Device allocations and mappings ask the driver once (cuPointerGetAttributes, as the per-launch
+ * classification does) for the BUFFER_ID, and for the size when the API does not give one. */
+#define EV(ev, nm, b, sz, h, dv, ent)                                                        \
+  do {                                                                                       \
+    e->event = ev; e->api = nm; e->base = (b); e->size = (sz); e->handle = (h);              \
+    e->has = 0u | ((b) != NO ? MC_AE_BASE : 0) | ((sz) != NO ? MC_AE_SIZE : 0) |            \
+             ((h) != NO ? MC_AE_HANDLE : 0);                                                 \
+    e->device = dv; e->at_entry = ent;                                                       \
+    if (e->base == NO) e->base = 0;                                                          \
+    if (e->size == NO) e->size = 0;                                                          \
+    if (e->handle == NO) e->handle = 0;                                                      \
+  } while (0)
+#define NO UINT64_MAX                                 /* "the API does not give this" */
+#define OUTP(pp) ((pp) ? (uint64_t)*(pp) : NO)        /* an out-pointer, read at exit */
+#define OUTV(pp) ((pp) ? (uint64_t)(uintptr_t)*(pp) : NO)
+
+int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e) {
+  memset(e, 0, sizeof *e);
+  if (!params) return 0;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc: {
+    const cuMemAlloc_params *p = params;
+    EV("alloc", "cuMemAlloc", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2: {
+    const cuMemAlloc_v2_params *p = params;
+    EV("alloc", "cuMemAlloc_v2", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch: {
+    const cuMemAllocPitch_params *p = params;
+    EV("alloc", "cuMemAllocPitch", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2: {
+    const cuMemAllocPitch_v2_params *p = params;
+    EV("alloc", "cuMemAllocPitch_v2", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz: {
+    const cuMemAllocAsync_params *p = params; /* the _ptsz struct has the same fields */
+    EV("alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync ? "cuMemAllocAsync" : "cuMemAllocAsync_ptsz",
+       OUTP(p->dptr), p->bytesize, NO, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz: {
+    const cuMemAllocFromPoolAsync_params *p = params;
+    EV("alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync ? "cuMemAllocFromPoolAsync"
+                                                                         : "cuMemAllocFromPoolAsync_ptsz",
+       OUTP(p->dptr), p->bytesize, (uint64_t)(uintptr_t)p->pool, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged: {
+    const cuMemAllocManaged_params *p = params;
+    EV("alloc", "cuMemAllocManaged", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFree: {
+    const cuMemFree_params *p = params;
+    EV("free", "cuMemFree", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2: {
+    const cuMemFree_v2_params *p = params;
+    EV("free", "cuMemFree_v2", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz: {
+    const cuMemFreeAsync_params *p = params;
+    EV("free", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync ? "cuMemFreeAsync" : "cuMemFreeAsync_ptsz",
+       (uint64_t)p->dptr, NO, NO, 0, 1);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemCreate: {
+    const cuMemCreate_params *p = params;
+    EV("create", "cuMemCreate", NO, p->size, OUTP(p->handle), 0, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: {
+    const cuMemRelease_params *p = params;
+    EV("release", "cuMemRelease", NO, NO, (uint64_t)p->handle, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve: {
+    const cuMemAddressReserve_params *p = params;
+    EV("reserve", "cuMemAddressReserve", OUTP(p->ptr), p->size, NO, 0, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree: {
+    const cuMemAddressFree_params *p = params;
+    EV("unreserve", "cuMemAddressFree", (uint64_t)p->ptr, p->size, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemMap: {
+    const cuMemMap_params *p = params;
+    EV("map", "cuMemMap", (uint64_t)p->ptr, p->size, (uint64_t)p->handle, 1, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap: {
+    const cuMemUnmap_params *p = params;
+    EV("unmap", "cuMemUnmap", (uint64_t)p->ptr, p->size, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemSetAccess: {
+    const cuMemSetAccess_params *p = params;
+    EV("access", "cuMemSetAccess", (uint64_t)p->ptr, p->size, NO, 0, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle: case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle_v2: {
+    const cuIpcOpenMemHandle_v2_params *p = params;
+    EV("ipc_open", cbid == CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle ? "cuIpcOpenMemHandle" : "cuIpcOpenMemHandle_v2",
+       OUTP(p->pdptr), NO, NO, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle: {
+    const cuIpcCloseMemHandle_params *p = params;
+    EV("ipc_close", "cuIpcCloseMemHandle", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemPoolImportPointer: {
+    const cuMemPoolImportPointer_params *p = params;
+    EV("import", "cuMemPoolImportPointer", OUTP(p->ptr_out), NO, (uint64_t)(uintptr_t)p->pool, 1, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuExternalMemoryGetMappedBuffer: {
+    const cuExternalMemoryGetMappedBuffer_params *p = params;
+    EV("ext_map", "cuExternalMemoryGetMappedBuffer", OUTP(p->devPtr), p->bufferDesc ? p->bufferDesc->size : NO,
+       (uint64_t)(uintptr_t)p->extMem, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer: {
+    const cuGraphicsResourceGetMappedPointer_params *p = params;
+    EV("gfx_map", "cuGraphicsResourceGetMappedPointer", OUTP(p->pDevPtr), OUTP(p->pSize),
+       (uint64_t)(uintptr_t)p->resource, 1, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer_v2: {
+    const cuGraphicsResourceGetMappedPointer_v2_params *p = params;
+    EV("gfx_map", "cuGraphicsResourceGetMappedPointer_v2", OUTP(p->pDevPtr), OUTP(p->pSize),
+       (uint64_t)(uintptr_t)p->resource, 1, 0);
+    return 1;
+  }
+  /* Pinned host memory: logged for completeness; it is host memory (mining leaves it alone). */
+  case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc: case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc_v2: {
+    const cuMemHostAlloc_params *p = params; /* no _v2 struct in the header: same signature */
+    EV("host_alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc ? "cuMemHostAlloc" : "cuMemHostAlloc_v2",
+       OUTV(p->pp), p->bytesize, NO, 0, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost: {
+    const cuMemAllocHost_params *p = params;
+    EV("host_alloc", "cuMemAllocHost", OUTV(p->pp), p->bytesize, NO, 0, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2: {
+    const cuMemAllocHost_v2_params *p = params;
+    EV("host_alloc", "cuMemAllocHost_v2", OUTV(p->pp), p->bytesize, NO, 0, 0); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister: case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2: {
+    const cuMemHostRegister_v2_params *p = params;
+    EV("host_register", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister ? "cuMemHostRegister"
+                                                                          : "cuMemHostRegister_v2",
+       (uint64_t)(uintptr_t)p->p, p->bytesize, NO, 0, 0);
+    return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: {
+    const cuMemFreeHost_params *p = params;
+    EV("host_free", "cuMemFreeHost", (uint64_t)(uintptr_t)p->p, NO, NO, 0, 1); return 1;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister: {
+    const cuMemHostUnregister_params *p = params;
+    EV("host_unregister", "cuMemHostUnregister", (uint64_t)(uintptr_t)p->p, NO, NO, 0, 1); return 1;
+  }
+  default:
+    return 0;
+  }
+}
+#undef EV
+#undef NO
+#undef OUTP
+#undef OUTV
+
+static const CUpti_CallbackId alloc_log_ids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuMemAlloc, CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch, CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync, CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync, CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFree, CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync, CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemCreate, CUPTI_DRIVER_TRACE_CBID_cuMemRelease,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve, CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree,
+    CUPTI_DRIVER_TRACE_CBID_cuMemMap, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap, CUPTI_DRIVER_TRACE_CBID_cuMemSetAccess,
+    CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle, CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle, CUPTI_DRIVER_TRACE_CBID_cuMemPoolImportPointer,
+    CUPTI_DRIVER_TRACE_CBID_cuExternalMemoryGetMappedBuffer,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc, CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost, CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister, CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost, CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister,
+};
+
+const CUpti_CallbackId *mc_alloc_log_cbids(size_t *n) {
+  *n = sizeof alloc_log_ids / sizeof *alloc_log_ids;
+  return alloc_log_ids;
+}
+
+void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *st) {
+  jb_lit(b, "\"seq_before\":"); jb_u64(b, st->seq_before);
+  jb_lit(b, ",\"order\":"); jb_u64(b, st->order);
+  jb_lit(b, ",\"t_ns\":"); jb_u64(b, st->t_ns);
+  jb_lit(b, ",\"tid\":"); jb_i64(b, st->tid);
+  jb_lit(b, ",\"dev\":"); jb_i64(b, st->dev);
+  jb_lit(b, ",\"event\":"); jb_str(b, e->event);
+  jb_lit(b, ",\"api\":"); jb_str(b, e->api);
+  jb_lit(b, ",\"base\":"); if (e->has & MC_AE_BASE) jb_ptr(b, e->base); else jb_lit(b, "null");
+  jb_lit(b, ",\"size\":"); if (e->has & MC_AE_SIZE) jb_u64(b, e->size); else jb_lit(b, "null");
+  if (e->has & MC_AE_HANDLE) { jb_lit(b, ",\"handle\":"); jb_ptr(b, e->handle); }
+  jb_lit(b, ",\"id\":"); if (st->id >= 0) jb_i64(b, st->id); else jb_lit(b, "null");
+  jb_lit(b, ",\"result\":"); jb_i64(b, st->result);
+}
+
+/* A free's stamp, taken at entry and used at exit (the same thread, matched by CUPTI's
+ * correlation id; these APIs do not nest). */
+static atomic_ullong alloc_order;
+static __thread struct { uint32_t corr; int valid; uint64_t order, seq; } tl_pend;
+
+static int at_entry(CUpti_CallbackId cbid) {
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFree: case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap: case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id) {
+  if (!mc_knobs.alloc_log || !at_entry(cbid)) return;
+  tl_pend.order = atomic_fetch_add(&alloc_order, 1);
+  tl_pend.seq = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
+  tl_pend.corr = correlation_id;
+  tl_pend.valid = 1;
+}
+
+void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const void *params, CUcontext ctx,
+                       int result) {
+  mc_alloc_ev_t e;
+  if (!mc_knobs.alloc_log || !mc_alloc_ev_parse(cbid, params, &e)) return; /* no allocs.jsonl open */
+  mc_alloc_stamp_t st = {0};
+  if (e.at_entry && tl_pend.valid && tl_pend.corr == correlation_id) {
+    st.order = tl_pend.order; st.seq_before = tl_pend.seq;
+  } else {
+    st.order = atomic_fetch_add(&alloc_order, 1);
+    st.seq_before = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
+  }
+  tl_pend.valid = 0;
+  st.result = result;
+  st.id = -1;
+  if (result == CUDA_SUCCESS && e.device && (e.has & MC_AE_BASE) && e.base) {
+    unsigned int mtype = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    unsigned long long id = 0;
+    CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    void *data[4] = {&mtype, &start, &size, &id};
+    if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)e.base) == CUDA_SUCCESS &&
+        (mtype == CU_MEMORYTYPE_DEVICE || mtype == CU_MEMORYTYPE_UNIFIED) && size) {
+      if (id) st.id = (int64_t)id;
+      if (!(e.has & MC_AE_SIZE) && start <= e.base && e.base - start < size) {
+        e.size = size - (e.base - start);
+        e.has |= MC_AE_SIZE;
+      }
+    }
+  }
+  st.t_ns = mc_now_ns();
+  st.tid = mc_tid();
+  st.dev = ctx ? mc_ctx_device(ctx) : -1;
+  jb_t *b = jb_thread();
+  if (!b) { atomic_fetch_add(&mc_cnt.alloc_dropped, 1); return; }
+  mc_alloc_ev_json(b, &e, &st);
+  if (mc_write_record(MC_F_ALLOCS, b, 0) < 0) atomic_fetch_add(&mc_cnt.alloc_dropped, 1);
+  else atomic_fetch_add(&mc_cnt.alloc_events, 1);
+}

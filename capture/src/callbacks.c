@@ -428,6 +428,11 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
 }
 
+static void alloc_log_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+  int result = d->functionReturnValue ? (int)*(const CUresult *)d->functionReturnValue : 0;
+  mc_alloc_log_exit(cbid, d->correlationId, d->functionParams, d->context, result);
+}
+
 void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *cbdata) {
   (void)ud;
   if (atomic_load_explicit(&mc_off, memory_order_relaxed)) return;
@@ -447,7 +452,11 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   }
   if (dom != CUPTI_CB_DOMAIN_DRIVER_API) return;
   const CUpti_CallbackData *d = cbdata;
-  if (d->callbackSite != CUPTI_API_EXIT || tl_in_cb) return;
+  if (tl_in_cb) return;
+  if (d->callbackSite != CUPTI_API_EXIT) {
+    if (mc_knobs.alloc_log) mc_alloc_log_entry(cbid, d->correlationId); /* frees: stamped at entry */
+    return;
+  }
   tl_in_cb = 1;
   switch (cbid) {
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
@@ -467,10 +476,18 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   case CUPTI_DRIVER_TRACE_CBID_cuMemFree: case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
   case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz:
   case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap:
+  /* the next four are enabled only with the allocation log (mc_alloc_log_cbids) */
+  case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle: case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree:
+  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister:
     atomic_fetch_add_explicit(&mc_free_epoch, 1, memory_order_release);
+    if (mc_knobs.alloc_log) alloc_log_exit(cbid, d);
     break;
   ALLOC_IDS(CBID_CASE)
     atomic_fetch_add_explicit(&mc_alloc_epoch, 1, memory_order_release);
+    if (mc_knobs.alloc_log) alloc_log_exit(cbid, d);
+    break;
+  case CUPTI_DRIVER_TRACE_CBID_cuMemCreate: case CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve:
+    if (mc_knobs.alloc_log) alloc_log_exit(cbid, d); /* enabled only with the allocation log */
     break;
   case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeTiled: case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2col:
   case CUPTI_DRIVER_TRACE_CBID_cuTensorMapEncodeIm2colWide:
@@ -521,6 +538,12 @@ int mc_enable_callbacks(CUpti_SubscriberHandle sub) {
   if (mc_knobs.modules_only) return 0;
   for (size_t i = 0; i < sizeof launch_ids / sizeof *launch_ids; i++)
     if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_DRIVER_API, launch_ids[i]) != CUPTI_SUCCESS)
+      return -1;
+  if (!mc_knobs.alloc_log) return 0;
+  size_t n;
+  const CUpti_CallbackId *ids = mc_alloc_log_cbids(&n); /* a superset of the alloc/free ids above */
+  for (size_t i = 0; i < n; i++)
+    if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_DRIVER_API, ids[i]) != CUPTI_SUCCESS)
       return -1;
   return 0;
 }

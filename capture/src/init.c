@@ -138,6 +138,7 @@ static void read_knobs(void) {
   }
   mc_knobs.no_prefault = env_u64("MINE_CAPTURE_PREFAULT", 1) == 0;
   mc_knobs.no_classify = env_u64("MINE_CAPTURE_CLASSIFY", 1) == 0;
+  mc_knobs.alloc_log = env_u64("MINE_CAPTURE_ALLOC_LOG", 0) != 0;
 }
 
 /* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
@@ -241,6 +242,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"writer\":"); jb_str(&b, mc_writer_name());
   jb_lit(&b, ",\"prefault\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_prefault);
   jb_lit(&b, ",\"classify\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_classify);
+  jb_lit(&b, ",\"alloc_log\":"); jb_u64(&b, (uint64_t)mc_knobs.alloc_log);
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
@@ -248,6 +250,10 @@ void mc_meta_write(int final) {
     jb_lit(&b, ",\"modules\":"); jb_u64(&b, mc_cnt.modules);
     jb_lit(&b, ",\"cubin_bytes\":"); jb_u64(&b, mc_cnt.cubin_bytes);
     jb_lit(&b, ",\"no_layout\":"); jb_u64(&b, mc_cnt.no_layout);
+    if (mc_knobs.alloc_log) {
+      jb_lit(&b, ",\"alloc_events\":"); jb_u64(&b, mc_cnt.alloc_events);
+      jb_lit(&b, ",\"alloc_dropped\":"); jb_u64(&b, mc_cnt.alloc_dropped);
+    }
     jb_lit(&b, ",\"dropped\":{");
     for (int i = 0; i < MC_DROP_COUNT; i++) {
       if (i) jb_lit(&b, ",");

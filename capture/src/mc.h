@@ -7,7 +7,7 @@
  * failure means the capture cannot continue turn capture off with one line on stderr.
  * Files: init.c (knobs, start, fork, exit), callbacks.c (CUPTI dispatch, launch records),
  * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
- * classification), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
+ * classification, the allocation log), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
 #ifndef MC_H
 #define MC_H
 
@@ -75,6 +75,8 @@ typedef struct {
                                 madvise; pages fault in on first touch (diagnostic) */
   int no_classify;           /* MINE_CAPTURE_CLASSIFY=0: no "ptrs"/"host"/"tmap" keys (diagnostic:
                                 times the writer without pointer classification) */
+  int alloc_log;             /* MINE_CAPTURE_ALLOC_LOG=1: allocation/free/mapping events to
+                                allocs.jsonl (alloc.c), for offline pointer classification */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 
@@ -89,6 +91,7 @@ enum { MC_DROP_FILTERED, MC_DROP_SKIP, MC_DROP_MAX_LAUNCHES, MC_DROP_MAX_BYTES, 
 extern const char *const mc_drop_names[MC_DROP_COUNT];
 typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
+  atomic_ullong alloc_events, alloc_dropped; /* allocs.jsonl records written / not written */
   atomic_ullong dropped[MC_DROP_COUNT];
   atomic_ullong errors[MC_FN_COUNT];
 } mc_counters_t;
@@ -112,7 +115,7 @@ void jb_u64(jb_t *b, uint64_t v);
 void jb_i64(jb_t *b, int64_t v);
 void jb_ptr(jb_t *b, uint64_t v);      /* "0x.." */
 void jb_hex(jb_t *b, const void *p, size_t n);
-enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_COUNT };
+enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_ALLOCS, MC_F_COUNT };
 int mc_files_open(void);               /* 0 ok; makes DIR/pid<N>/ and opens the files */
 void mc_files_reset_after_fork(void);
 int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
@@ -121,6 +124,7 @@ const char *mc_writer_name(void);      /* "mmap" | "write" */
 /* Writes one record: b holds the body after the opening brace, without the closing one.
  * With seq_file, a per-file sequence number is put in front; returns it (or -1 when dropped). */
 int64_t mc_write_record(int file, jb_t *b, int with_seq);
+int64_t mc_next_seq(int file);         /* the seq the file's next record gets (no record made) */
 int mc_write_file_once(const char *rel, const void *p, size_t n); /* 1 written, 0 existed, -1 err */
 const char *mc_pid_dir(void);
 void mc_sha256_hex(const void *p, size_t n, char out[65]);
@@ -149,6 +153,24 @@ typedef struct { uint64_t base, size, id; } mc_alloc_t;
 int mc_device_alloc(uint64_t v, mc_alloc_t *out);            /* 1 if v is in a live allocation */
 int mc_host_read(uint64_t v, void *dst, unsigned n);          /* bytes read without faulting */
 void mc_classify_words(jb_t *b, const unsigned char *p, size_t size); /* "ptrs"/"host"/"tmap" keys */
+/* The allocation log (allocs.jsonl, MINE_CAPTURE_ALLOC_LOG=1). An API's parameters become one
+ * event: mc_alloc_ev_parse reads them (the out-parameters are valid at API exit only), and
+ * mc_alloc_ev_json formats the record body. Both are pure (tested on CPU). */
+enum { MC_AE_BASE = 1, MC_AE_SIZE = 2, MC_AE_HANDLE = 4 };
+typedef struct {
+  const char *event, *api;  /* "alloc", "free", "map", ...; the API's name */
+  uint64_t base, size, handle;
+  unsigned has;             /* MC_AE_* : which of base/size/handle the API gave */
+  int device;               /* 1: base..base+size becomes device memory (ask the driver for its id) */
+  int at_entry;             /* 1: ordered at the API's entry (frees, unmaps: before anyone can reuse) */
+} mc_alloc_ev_t;
+typedef struct { uint64_t seq_before, order, t_ns; int tid, dev; int64_t id; int result; } mc_alloc_stamp_t;
+int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e); /* 0: not logged */
+void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *st);
+const CUpti_CallbackId *mc_alloc_log_cbids(size_t *n);  /* every API the log listens to */
+void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id);
+void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const void *params, CUcontext ctx,
+                       int result);
 
 /* callbacks.c */
 void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *d);

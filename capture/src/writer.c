@@ -28,7 +28,7 @@
  * run of NULs in front of the next record. Readers: take the bytes after the last NUL of each line.
  * A filesystem without fallocate makes that file use the write writer.
  *
- * write for modules.jsonl and tensormaps.jsonl (rare records; the file stays exact after any
+ * write for modules.jsonl, tensormaps.jsonl and allocs.jsonl (rare records; the file stays exact after any
  * death), and for all four files by default (MINE_CAPTURE_WRITER=write): one write(2) per record on an
  * O_APPEND descriptor, seq taken under the file's mutex together with the write.
  *
@@ -53,9 +53,11 @@
 #endif
 
 static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.jsonl",
-                                                   "graphs.jsonl", "tensormaps.jsonl"};
-static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1};      /* records carry seq */
-static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0};      /* mmap writer when chosen */
+                                                   "graphs.jsonl", "tensormaps.jsonl", "allocs.jsonl"};
+static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0};   /* records carry seq */
+static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0};   /* mmap writer when chosen */
+/* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1 (its descriptor stays -1 otherwise). */
+static int file_wanted(int f) { return f != MC_F_ALLOCS || mc_knobs.alloc_log; }
 
 #define WIN_SHIFT 26                           /* 64 MiB windows */
 #define WIN_SIZE (1ull << WIN_SHIFT)
@@ -286,6 +288,7 @@ static void helper_start(void) {
 static int open_one(int f) {
   wfile_t *F = &files[f];
   char p[4300];
+  if (!file_wanted(f)) return 0;
   snprintf(p, sizeof p, "%s/%s", pid_dir, file_names[f]);
   int mapped = file_hot[f] && !mc_knobs.writer_write;
   F->fd = open(p, (mapped ? O_RDWR : O_WRONLY | O_APPEND) | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -513,6 +516,17 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
     }
   }
   return with_seq ? (int64_t)seq : 0;
+}
+
+/* The seq the next record of `file` will get (launches: the counter an allocation event is
+ * stamped with). Mapped: one atomic load; write writer: read under the file's lock. */
+int64_t mc_next_seq(int file) {
+  wfile_t *F = &files[file];
+  if (F->mapped) return (int64_t)(__atomic_load_n(&F->st[1], __ATOMIC_ACQUIRE) & ~SEALED);
+  pthread_mutex_lock(&F->lock);
+  int64_t s = F->seq;
+  pthread_mutex_unlock(&F->lock);
+  return s;
 }
 
 int64_t mc_write_record(int file, jb_t *b, int with_seq) {
