@@ -18,6 +18,12 @@ a NUL never pay for it. What is refused
 (`DumpError`, a ValueError): no launch file, an empty launch file, a meta.json whose
 format_version or top-level keys this reader does not know.
 Not checked: that `seq` is gap-free or that records are in time order (analyses sort by seq).
+
+Allocation log (`allocs.jsonl`, MINE_CAPTURE_ALLOC_LOG=1; `mining/allocs.py`): read into
+`Dump.allocs`. When the launches carry no `ptrs` (meta.json `options.classify` is 0), the params
+frame's pointer columns are filled from it offline, word rows included, exactly as recorded `ptrs`
+would fill them. When both exist, the recorded `ptrs` are kept and a warning counts the words
+where the log says otherwise. The parquet cache is keyed on the log too.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from mining import schema
+from mining.allocs import Offline, classify_words, disagreements, intervals, read_alloc_log
 from mining.archive import unpack
 
 
@@ -46,6 +53,7 @@ class DumpError(ValueError):
 META_KEYS = {"format_version", "pid", "ppid", "argv", "start_ns", "start_unix_ns",
              "driver_version", "cupti_version", "devices", "options", "counters", "end_ns",
              "disabled"}
+ALLOC_LOG = "allocs.jsonl"
 LAUNCH_NAMES = ("launches.jsonl", "launches.jsonl.gz", "launches.jsonl.xz", "launches.jsonl.zst")
 
 
@@ -58,6 +66,7 @@ class Dump:
     source: Path                       # the launches file that was read
     pid: int | None = None
     warnings: list[str] = field(default_factory=list)
+    allocs: pd.DataFrame | None = None  # allocs.jsonl events (schema.ALLOC_COLUMNS), if any
 
 
 # ------------------------------------------------------------------ locating the files
@@ -194,7 +203,7 @@ def _read_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _parse_chunk(data, warnings: list[str], src: Path):
+def _parse_chunk(data, warnings: list[str], src: Path, offline: Offline | None = None):
     """Chunk of complete lines -> (its bytes, (launch column parts, param column parts) or None)."""
     opts = pj.ParseOptions(explicit_schema=_READ_SCHEMA, unexpected_field_behavior="ignore")
     nbytes = len(data)
@@ -211,7 +220,7 @@ def _parse_chunk(data, warnings: list[str], src: Path):
     del buf, data
     if t.num_rows == 0:
         return nbytes, None
-    return nbytes, (_launch_part(t), _param_part(t))
+    return nbytes, (_launch_part(t), _param_part(t, offline))
 
 
 def _has_nul(data) -> bool:
@@ -238,7 +247,8 @@ def _drop_nuls(data, warnings: list[str]) -> bytes:
     return b"\n".join(out) + b"\n" if out else b""
 
 
-def _read_frames(src: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _read_frames(src: Path, warnings: list[str],
+                 offline: Offline | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     from concurrent.futures import ThreadPoolExecutor
 
     workers = max(1, min(os.cpu_count() or 1, 8))
@@ -264,7 +274,7 @@ def _read_frames(src: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataF
     pending: list = []
     with ThreadPoolExecutor(workers) as pool:
         for data in _chunks(src, warnings):
-            pending.append(pool.submit(_parse_chunk, data, warnings, src))
+            pending.append(pool.submit(_parse_chunk, data, warnings, src, offline))
             del data
             while len(pending) > workers:
                 take(pending.pop(0))
@@ -371,16 +381,34 @@ def _launch_part(t: pa.Table) -> dict:
     return cols
 
 
-def _param_part(t: pa.Table) -> dict:
+def _param_part(t: pa.Table, offline: Offline | None = None) -> dict:
     seqs = pc.fill_null(t.column("seq"), 0).to_numpy()
     params = _one_chunk(t.column("params"))
-    return _param_chunk(params, seqs)
+    return _param_chunk(params, seqs, offline)
+
+
+def _hex_words(hexes, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every whole 8-byte word of every parameter (as the capture classifies them: at 0, 8, ...
+    below `size`, where the hex has the bytes): owner row, byte offset, little-endian value."""
+    arr = _one_chunk(pc.fill_null(hexes, ""))
+    n = len(arr)
+    offs = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset:arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], np.uint8) if arr.buffers()[2] is not None \
+        else np.zeros(0, np.uint8)
+    nw = np.minimum(np.asarray(size, np.int64) // 8, np.diff(offs) // 16).clip(0)
+    total = int(nw.sum())
+    owner = np.repeat(np.arange(n, dtype=np.int64), nw)
+    j = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(nw) - nw, nw)
+    chars = data[(offs[owner] + 16 * j)[:, None] + np.arange(16)]
+    nib = _LUT[chars]
+    raw = (nib[:, 0::2] << 4) | nib[:, 1::2]
+    return owner, 8 * j, raw.copy().view("<u8").ravel()
 
 
 _NULL_STR = pa.scalar(None, pa.string())
 
 
-def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> dict:
+def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray, offline: Offline | None = None) -> dict:
     """Long-form rows of one chunk: one per parameter, each followed by its inner pointer words."""
     P = schema.PARAM_COLUMNS
     flat = pc.list_flatten(chunk)
@@ -399,17 +427,31 @@ def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray) -> dict:
         "ptr_off": np.zeros(n, np.int64),
         "hex": _one_chunk(pc.if_else(pa.array(size > 8), hexes, _NULL_STR)),
     }
-    del parent, size
+    del parent
     ptrs = pc.struct_field(flat, "ptrs")
     pflat = pc.list_flatten(ptrs)
-    if len(pflat) == 0:
+    rec = None
+    if len(pflat):
+        rec = {"owner": pc.list_parent_indices(ptrs).to_numpy(),
+               "at": pc.fill_null(pc.struct_field(pflat, "at"), 0).to_numpy(),
+               "base": hex_num_u64(pc.struct_field(pflat, "base")),
+               "size": pc.fill_null(pc.struct_field(pflat, "size"), 0).to_numpy(),
+               "id": pc.fill_null(pc.struct_field(pflat, "id"), -1).to_numpy(),
+               "off": pc.fill_null(pc.struct_field(pflat, "off"), 0).to_numpy()}
+    if offline is not None and (rec is None or offline.mode == "check"):
+        w_owner, w_at, w_val = _hex_words(hexes, size)
+        off = classify_words(offline.iv, cols["seq"][w_owner], w_val, w_at, w_owner)
+        del w_owner, w_at, w_val
+        if offline.mode == "check":
+            empty = {k: np.zeros(0, np.uint64 if k == "base" else np.int64) for k in off}
+            offline.disagree.append(disagreements(rec if rec is not None else empty, off))
+        else:
+            rec = off
+    del size
+    if rec is None or len(rec["owner"]) == 0:
         return cols
-    owner = pc.list_parent_indices(ptrs).to_numpy()
-    at = pc.fill_null(pc.struct_field(pflat, "at"), 0).to_numpy()
-    base = hex_num_u64(pc.struct_field(pflat, "base"))
-    asz = pc.fill_null(pc.struct_field(pflat, "size"), 0).to_numpy()
-    bid = pc.fill_null(pc.struct_field(pflat, "id"), -1).to_numpy()
-    poff = pc.fill_null(pc.struct_field(pflat, "off"), 0).to_numpy()
+    owner, at, base, asz, bid, poff = (rec[k] for k in ("owner", "at", "base", "size", "id", "off"))
+    del rec
     first = at == 0
     o = owner[first]
     cols["is_ptr"][o] = True
@@ -529,7 +571,12 @@ def _module_frame(folder: Path, warnings: list[str]) -> pd.DataFrame:
 # ------------------------------------------------------------------ cache + entry point
 def _cache_paths(src: Path) -> tuple[Path, str]:
     st = src.stat()
-    return src.parent / ".mine-cache", f"{src.name}-{st.st_size}-{st.st_mtime_ns}-v{schema.FRAME_VERSION}"
+    key = f"{src.name}-{st.st_size}-{st.st_mtime_ns}-v{schema.FRAME_VERSION}"
+    log = src.parent / ALLOC_LOG
+    if log.is_file():  # the params frame depends on the allocation log too
+        a = log.stat()
+        key += f"-allocs{a.st_size}-{a.st_mtime_ns}"
+    return src.parent / ".mine-cache", key
 
 
 def _read_cache(src: Path):
@@ -566,16 +613,31 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     folder = src.parent
     warnings: list[str] = []
     meta = read_meta(folder)
+    allocs, alloc_warnings = None, []
+    if (folder / ALLOC_LOG).is_file():
+        allocs = read_alloc_log(folder / ALLOC_LOG, alloc_warnings)
+        lost = (meta.get("counters") or {}).get("alloc_dropped") or 0
+        if lost:
+            alloc_warnings.append(f"{ALLOC_LOG}: the capture could not write {lost} event(s); pointer "
+                                  f"columns classified from it may be wrong")
     hit = _read_cache(src) if cache else None
     if hit is not None:
         launches, params, warnings = hit
     else:
+        offline = None
+        if allocs is not None:
+            mode = "fill" if (meta.get("options") or {}).get("classify") == 0 else "check"
+            offline = Offline(intervals(allocs), mode, [])
+        warnings.extend(alloc_warnings)
         try:
-            launches, params = _read_frames(src, warnings)
+            launches, params = _read_frames(src, warnings, offline)
         except DumpError:
             if any("unparsable" in w for w in warnings):
                 raise DumpError(f"{src}: holds no parsable launch record") from None
             raise
+        if offline is not None and offline.mode == "check" and sum(offline.disagree):
+            warnings.append(f"{ALLOC_LOG}: the offline classification disagrees with the recorded ptrs "
+                            f"on {sum(offline.disagree)} word(s); the recorded ptrs are kept")
         order = np.argsort(launches["seq"].to_numpy(), kind="stable")
         if (np.diff(order) != 1).any():
             launches = launches.iloc[order].reset_index(drop=True)
@@ -586,4 +648,4 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     modules = _module_frame(folder, warnings)
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs)

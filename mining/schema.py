@@ -97,3 +97,26 @@ MODULE_COLUMNS: dict[str, str] = {
     "n_entries": "int32",
     "cubin_present": "bool",
 }
+
+# allocs.jsonl (MINE_CAPTURE_ALLOC_LOG=1): the keys mining/allocs.py reads.
+ALLOC_RECORD = pa.schema(
+    [
+        ("seq_before", pa.int64()), ("order", pa.int64()), ("t_ns", pa.int64()),
+        ("event", pa.string()), ("api", pa.string()), ("base", pa.string()), ("size", pa.int64()),
+        ("id", pa.int64()), ("result", pa.int64()),
+    ]
+)
+
+# Dump.allocs frame: one row per allocs.jsonl event, in file order.
+ALLOC_COLUMNS: dict[str, str] = {
+    "seq_before": "int64",   # launches with seq >= this see the event
+    "order": "int64",        # the capture's ticket (file position when the log has none)
+    "t_ns": "int64",
+    "event": "category",     # alloc, free, map, unmap, reserve, ... (docs/dump-format.md)
+    "api": "category",
+    "base": "uint64",        # 0 when the event has no address
+    "has_base": "bool",
+    "size": "int64",         # -1 when the API gives none
+    "id": "int64",           # the driver's buffer id, -1 when unknown
+    "result": "int64",       # the API's CUresult; only 0 counts
+}
