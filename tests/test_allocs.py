@@ -284,25 +284,25 @@ def test_lookup_matches_brute_force(seed):
 
 
 # ---------------------------------------------------------------- benchmark (run by hand)
-def bench(n: int = 1_000_000) -> None:
-    """bench_load's 1M-launch dump, as a MINE_CAPTURE_CLASSIFY=0 capture with an alloc log."""
+def make_bench_dump(folder: Path, n: int) -> Path:
+    """bench_load's n-launch dump, as a MINE_CAPTURE_CLASSIFY=0 capture with an alloc log."""
     import re
-    import shutil
-    import tempfile
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_load
 
-    folder = Path(tempfile.mkdtemp(prefix="mine-bench-allocs-"))
     pid = bench_load.write_dump(folder, n)
-    src = (pid / "launches.jsonl").read_text()
-    (pid / "launches.jsonl").write_text(re.sub(r',"ptrs":\[[^\]]*\]', "", src))
-    del src
+    tmp = pid / "launches.tmp"
+    drop = re.compile(r',"ptrs":\[[^\]]*\]')
+    with open(pid / "launches.jsonl") as fi, open(tmp, "w") as fo:
+        for line in fi:
+            fo.write(drop.sub("", line))
+    tmp.replace(pid / "launches.jsonl")
     (pid / "meta.json").write_text(json.dumps({"format_version": 1, "pid": 1,
                                                "options": {"classify": 0, "alloc_log": 1}}))
     rng = random.Random(2)
-    lines = [{"seq_before": 0, "order": 0, "event": "alloc", "api": "cuMemAlloc_v2", "base": hex(bench_load.
-              __dict__.get("BASE", 0x7F0000000000)), "size": 1 << 30, "id": 10, "result": 0}]
-    churn = 0x7E0000000000   # 100,000 alloc/free pairs elsewhere (a caching allocator's churn)
+    lines = [{"seq_before": 0, "order": 0, "event": "alloc", "api": "cuMemAlloc_v2",
+              "base": hex(0x7F0000000000), "size": 1 << 30, "id": 10, "result": 0}]
+    churn = 0x7E0000000000   # 100,000 alloc/free pairs elsewhere (a stream-ordered pool's churn)
     for k in range(100_000):
         q = k * n // 100_000
         b = churn + rng.randrange(4096) * 0x10000
@@ -311,8 +311,24 @@ def bench(n: int = 1_000_000) -> None:
         lines.append({"seq_before": q + rng.randrange(2), "order": 2 * k + 2, "event": "free",
                       "api": "cuMemFreeAsync", "base": hex(b), "size": None, "id": None, "result": 0})
     (pid / "allocs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    print(f"dump: {(pid / 'launches.jsonl').stat().st_size / 1e6:.0f} MB launches.jsonl, "
-          f"{len(lines)} alloc events")
+    return pid
+
+
+def bench(n: int = 1_000_000) -> None:
+    """Loads it cold and warm in fresh processes (bench_load.measure), twice. The dump is made in a
+    child process so that this one stays small (a child's ru_maxrss counts its parent's pages)."""
+    import shutil
+    import subprocess
+    import tempfile
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_load
+
+    folder = Path(tempfile.mkdtemp(prefix="mine-bench-allocs-"))
+    subprocess.run([sys.executable, __file__, "make", str(folder), str(n)], check=True, cwd=ROOT)
+    pid = folder / "pid1"
+    n_ev = len((pid / "allocs.jsonl").read_bytes().splitlines())
+    print(f"dump: {(pid / 'launches.jsonl').stat().st_size / 1e6:.0f} MB launches.jsonl (no ptrs), "
+          f"{n_ev} alloc events")
     for run in (1, 2):
         shutil.rmtree(pid / ".mine-cache", ignore_errors=True)
         for label in ("cold (JSON + offline classification, writes cache)", "warm (parquet cache)"):
@@ -323,3 +339,5 @@ def bench(n: int = 1_000_000) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["bench"]:
     bench(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
+elif __name__ == "__main__" and sys.argv[1:2] == ["make"]:
+    make_bench_dump(Path(sys.argv[2]), int(sys.argv[3]))
