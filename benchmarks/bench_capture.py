@@ -53,6 +53,10 @@ def full_configs(inj: dict) -> dict:
                 name = f"{writer}" + (f"_pf{pf}" if writer == "mmap" else "") + f"_cls{cls}"
                 out[name] = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf,
                                  MINE_CAPTURE_CLASSIFY=cls)
+    # the offline-classification configuration: allocations logged, no per-launch pointer queries
+    for writer in ("write", "mmap"):
+        out[f"{writer}_alloclog_cls0"] = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT="1",
+                                              MINE_CAPTURE_CLASSIFY="0", MINE_CAPTURE_ALLOC_LOG="1")
     return out
 
 
