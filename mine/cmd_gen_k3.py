@@ -1,4 +1,5 @@
-"""`mine gen k3`: Kimi-K3 prefill pipeline stages (P) or the TP8/EP8/DCP8 decode manifest (D).
+"""`mine gen k3`: Kimi-K3 prefill pipeline stages (P) or the TP8/EP8 decode manifest (D), with or
+without decode-context parallelism (`--dcp`).
 
 P: the whole 93-layer prefill manifest is generated, verified, then cut with the project's cut at
 the first call of every stage's first layer (`l12.res_in`, `l24.res_in`, ...); each stage is
@@ -48,11 +49,11 @@ def write_prefill(cfg, table, out: Path, stages: int, experts: int, chunk: int, 
     return paths
 
 
-def write_decode(cfg, table, out: Path, experts: int, tp: int, max_ctx: int) -> Path:
+def write_decode(cfg, table, out: Path, experts: int, tp: int, max_ctx: int, dcp: bool = True) -> Path:
     from generators.k3 import decode
     from generators.k3.build import dumps
 
-    m = _verified(decode.generate(cfg, table, experts, tp, max_ctx), "decode manifest")
+    m = _verified(decode.generate(cfg, table, experts, tp, max_ctx, dcp=dcp), "decode manifest")
     out.mkdir(parents=True, exist_ok=True)
     p = out / "d.json"
     p.write_text(dumps(m))
@@ -68,7 +69,9 @@ def k3(
     max_ctx: int = typer.Option(262144, "--max-ctx", help="Longest context (pages, expansion buffers)."),
     decode: bool = typer.Option(False, "--decode", help="Write the decode manifest instead of the prefill stages."),
     tp: int = typer.Option(8, help="Decode tensor/expert/context-parallel group size."),
-    dcp: bool = typer.Option(False, "--dcp", help="Decode-context parallel (the only decode form built)."),
+    dcp: bool = typer.Option(False, "--dcp", help="Decode-context parallel: deal MLA KV positions over the group "
+                             "(without it every member holds every token's KV; that form needs the "
+                             "k3_mla_vup_gate pin, which kernels.toml lacks)."),
     config: Optional[Path] = typer.Option(None, help="A K3 config.json (default: the bundled one)."),
     kernels: Path = typer.Option(ROOT / "kernels.toml", help="kernels.toml with the K3 pins."),
 ) -> None:
@@ -77,6 +80,7 @@ def k3(
     Examples:
       mine gen k3 --stages 8 --experts 896 --out manifests/k3/896
       mine gen k3 --decode --tp 8 --dcp --out manifests/k3/896
+      mine gen k3 --decode --tp 8 --out DIR   (plain TP8/EP8; stops naming the unpinned kernel)
     """
     from generators.k3 import config as k3config
     from manifests.kernels import load_kernels
@@ -85,9 +89,7 @@ def k3(
     cfg.checkpoint(experts)
     table = load_kernels(kernels)
     if decode:
-        if not dcp:
-            raise ValueError("only the decode-context-parallel decode form is generated; add --dcp")
-        typer.echo(write_decode(cfg, table, out, experts, tp, max_ctx))
+        typer.echo(write_decode(cfg, table, out, experts, tp, max_ctx, dcp))
     else:
         for p in write_prefill(cfg, table, out, stages, experts, chunk, pack, max_ctx):
             typer.echo(p)

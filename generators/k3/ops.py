@@ -51,6 +51,13 @@ DECODE = {
     "mla_split": ("k3_mla_v2", "mla_decode_split"),
     "dcp_merge": ("k3_dcp", "dcp_merge_vup_gate"),
 }
+DCP_ONLY = ("dcp_merge",)
+# the plain TP decode (no DCP): W_UV + output gate for the member's heads from its own complete
+# attention output. The reference names this kernel (`mla_vup_gate`) but gives no pin, and
+# kernels.toml has none: declaring it raises build.UnpinnedKernel naming it.
+PLAIN = {
+    "vup_gate": ("k3_mla_vup_gate", "mla_vup_gate"),
+}
 ROLE_N = 1 << 16  # element-count role of load/derive grids (grid-stride kernels)
 
 
