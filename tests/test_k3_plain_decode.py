@@ -134,6 +134,9 @@ def test_plain_memory(pair):
     # per rank: 24 MLA layers x 1,152 B for every token of the batch; DCP holds an eighth of the positions
     assert r["state_bytes_per_token"] == 24 * 1152 == rd["state_bytes_per_token"]
     assert r["position_group"] == 1 and rd["position_group"] == 8
+    per_layer = {"plain": layout.kv_bytes_per_token(CFG) // r["position_group"],
+                 "dcp": layout.kv_bytes_per_token(CFG) // rd["position_group"]}  # per group token, per rank
+    assert per_layer == {"plain": 1152, "dcp": 144}
     assert r["kv_tokens_per_group"] == r["kv_tokens_per_rank"]
     assert r["state_bytes_per_seq"] == 69 * 814_080 and r["seq_slots"] == 66
     for kind in ("weight", "carry", "source"):
