@@ -1,13 +1,15 @@
 """Benchmark: load a synthetic 1,000,000-launch dump (not a test; run by hand).
 
-    python benchmarks/bench_load.py [--launches 1000000] [--runs 2] [--keep DIR]
+    python benchmarks/bench_load.py [--launches 1000000] [--runs 2] [--keep DIR] [--compact]
 
 Writes a dump in the documented format (docs/dump-format.md) with realistic records (6 params,
 3 of them pointers, one 24-byte struct with an inner pointer), then, `--runs` times, loads it in a
 fresh process cold (the parquet cache removed first: JSON, then writes the cache) and warm (from
 the cache), and prints seconds and peak RSS (getrusage ru_maxrss of the child) of each, with the
 ratio to the requirement (issue 4: cold under 10 s and 2 GB). With --keep DIR an existing dump
-there is reused. Results go to docs/benchmarks.md, section "Dump loading".
+there is reused. --compact writes the same launches in the compact form (MINE_CAPTURE_COMPACT=1:
+functions.jsonl + launches carrying "fn", params without off/size). Results go to
+docs/benchmarks.md, section "Dump loading".
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ SYMS = [f"_Z{len(n)}{n}v" for n in ("rms_norm_kernel", "gemm_bf16_kernel", "rope
                                     "attn_kernel", "embed_kernel", "argmax_kernel")]
 
 
-def write_dump(folder: Path, n: int) -> Path:
+LAYOUT = [[0, 0, 8], [1, 8, 8], [2, 16, 8], [3, 24, 4], [4, 28, 4], [5, 32, 24]]
+
+
+def write_dump(folder: Path, n: int, compact: bool = False) -> Path:
     pid = folder / "pid1"
     pid.mkdir(parents=True, exist_ok=True)
     rng = random.Random(1)
@@ -41,6 +46,18 @@ def write_dump(folder: Path, n: int) -> Path:
             '"local":0,"const":0,"max_threads":1024,"ptx":90,"binary":90},"packing":"params",'
             '"layout":"kernel","params":[')
     ptr = '{"i":%d,"off":%d,"size":8,"hex":"%s","ptrs":[{"at":0,"base":"0x%x","size":1073741824,"id":%d,"off":%d}]}'
+    if compact:  # the per-function keys go to functions.jsonl once; params lose off/size
+        with open(pid / "functions.jsonl", "w") as fh:
+            for k, sym in enumerate(SYMS):
+                fh.write(json.dumps({"fn": k, "ctx": "0x55aa", "handle": "function", "func": hex(0x6000 + k),
+                                     "module": k + 1, "sha256": "ab" * 32, "symbol": sym, "name": sym[4:-1],
+                                     "attrs": {"regs": 32, "static_smem": 0, "local": 0, "const": 0,
+                                               "max_threads": 1024, "ptx": 90, "binary": 90},
+                                     "layout": "kernel", "params_layout": LAYOUT}, separators=(",", ":")) + "\n")
+        head = ('{"seq":%d,"t_ns":%d,"tid":7,"dev":0,"ctx":"0x55aa","stream":"0x0",'
+                '"api":"cuLaunchKernel","result":0,"graph":null,"fn":%d,"grid":[%d,1,1],'
+                '"block":[256,1,1],"smem":0,"launch_attrs":{},"packing":"params","params":[')
+        ptr = ptr.replace(',"off":%d,"size":8,"hex"', ',"hex"', 1)
     t = 10**9
     with open(pid / "launches.jsonl", "w") as fh:
         for seq in range(n):
@@ -50,16 +67,20 @@ def write_dump(folder: Path, n: int) -> Path:
             parts = []
             for i in range(3):
                 addr = base + (seq % 97) * 4096 + i * 0x100000
-                parts.append(ptr % (i, 8 * i, addr.to_bytes(8, "little").hex(), base, 10 + i, addr - base))
-            parts.append('{"i":3,"off":24,"size":4,"hex":"%s"}' % tok.to_bytes(4, "little").hex())
-            parts.append('{"i":4,"off":28,"size":4,"hex":"0000803f"}')
+                h = addr.to_bytes(8, "little").hex()
+                parts.append(ptr % ((i, h, base, 10 + i, addr - base) if compact
+                                    else (i, 8 * i, h, base, 10 + i, addr - base)))
+            lay = "" if compact else '"off":24,"size":4,'
+            parts.append('{"i":3,%s"hex":"%s"}' % (lay, tok.to_bytes(4, "little").hex()))
+            parts.append('{"i":4,%s"hex":"0000803f"}' % ("" if compact else '"off":28,"size":4,'))
             inner = base + 0x200000
-            parts.append('{"i":5,"off":32,"size":24,"hex":"%s","ptrs":[{"at":8,"base":"0x%x",'
+            parts.append('{"i":5,%s"hex":"%s","ptrs":[{"at":8,"base":"0x%x",'
                          '"size":2097152,"id":5,"off":%d}]}'
-                         % ((tok.to_bytes(8, "little") + inner.to_bytes(8, "little") + bytes(8)).hex(),
+                         % ("" if compact else '"off":32,"size":24,',
+                            (tok.to_bytes(8, "little") + inner.to_bytes(8, "little") + bytes(8)).hex(),
                             base, inner - base))
-            fh.write(head % (seq, t, 0x6000 + k, k + 1, "ab" * 32, SYMS[k], SYMS[k][4:-1], tok)
-                     + ",".join(parts) + "]}\n")
+            args = (seq, t, k, tok) if compact else (seq, t, 0x6000 + k, k + 1, "ab" * 32, SYMS[k], SYMS[k][4:-1], tok)
+            fh.write(head % args + ",".join(parts) + "]}\n")
     (pid / "meta.json").write_text(json.dumps({"format_version": 1, "pid": 1}))
     return pid
 
@@ -89,6 +110,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--keep", type=Path)
+    ap.add_argument("--compact", action="store_true", help="write the dump in the compact form")
     args = ap.parse_args()
     import pandas
     import pyarrow
@@ -99,10 +121,10 @@ def main() -> None:
     pid = folder / "pid1"
     if not (pid / "launches.jsonl").is_file():
         t = time.perf_counter()
-        write_dump(folder, args.launches)
+        write_dump(folder, args.launches, args.compact)
         print(f"wrote {args.launches} launches in {time.perf_counter() - t:.1f} s")
     size = (pid / "launches.jsonl").stat().st_size
-    print(f"dump: {size / 1e6:.0f} MB of launches.jsonl")
+    print(f"dump: {size / 1e6:.0f} MB of launches.jsonl" + (" (compact)" if args.compact else ""))
     for run in range(1, args.runs + 1):
         shutil.rmtree(pid / ".mine-cache", ignore_errors=True)
         for label in ("cold (JSON, writes cache)", "warm (parquet cache)"):

@@ -47,6 +47,11 @@ KNOBS: tuple[Knob, ...] = (
          "async pools, IPC) to allocs.jsonl, so mining classifies pointer words offline; combine with "
          "MINE_CAPTURE_CLASSIFY=0 to skip the per-launch driver lookups (docs/dump-format.md)",
          "bool"),
+    Knob("MINE_CAPTURE_COMPACT", "0",
+         "1 = write each distinct function (symbol, demangled name, attributes, module, parameter layout) "
+         "once to functions.jsonl and let launch records carry \"fn\": id and params without off/size "
+         "(smaller records; mining.load rebuilds the same frames; docs/dump-format.md)",
+         "bool"),
 )
 BY_ENV = {k.env: k for k in KNOBS}
 INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us

@@ -24,6 +24,11 @@ Allocation log (`allocs.jsonl`, MINE_CAPTURE_ALLOC_LOG=1; `mining/allocs.py`): r
 frame's pointer columns are filled from it offline, word rows included, exactly as recorded `ptrs`
 would fill them. When both exist, the recorded `ptrs` are kept and a warning counts the words
 where the log says otherwise. The parquet cache is keyed on the log too.
+
+Compact form (`functions.jsonl`, MINE_CAPTURE_COMPACT=1; `mining/functions.py`): launches that
+carry `fn` get their per-function columns and their parameters' off/size from that file, so the
+frames equal those of the same launches in the default form. Launches naming a function the file
+lacks are dropped with one warning. The cache is keyed on functions.jsonl too.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import pyarrow.json as pj
 from mining import schema
 from mining.allocs import Offline, classify_words, disagreements, intervals, read_alloc_log
 from mining.archive import unpack
+from mining.functions import FUNCTIONS, Functions, expand, read_functions
 
 
 class DumpError(ValueError):
@@ -193,7 +199,7 @@ def _read_schema() -> pa.Schema:
     dropped for a malformed key that no frame column comes from.
     """
     sub = {"graph": {"capture_id"}, "attrs": {"regs"}}
-    keep = set(_LAUNCH_INTS) | set(_LAUNCH_STRS) | {"grid", "block", "params"} | set(sub)
+    keep = set(_LAUNCH_INTS) | set(_LAUNCH_STRS) | {"grid", "block", "params", "fn"} | set(sub)
     fields = []
     for f in schema.LAUNCH_RECORD:
         if f.name in sub:
@@ -203,7 +209,8 @@ def _read_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _parse_chunk(data, warnings: list[str], src: Path, offline: Offline | None = None):
+def _parse_chunk(data, warnings: list[str], src: Path, offline: Offline | None = None,
+                 fns: Functions | None = None):
     """Chunk of complete lines -> (its bytes, (launch column parts, param column parts) or None)."""
     opts = pj.ParseOptions(explicit_schema=_READ_SCHEMA, unexpected_field_behavior="ignore")
     nbytes = len(data)
@@ -218,9 +225,10 @@ def _parse_chunk(data, warnings: list[str], src: Path, offline: Offline | None =
     except pa.ArrowInvalid:
         t = _slow_table(buf, opts, warnings, src)
     del buf, data
+    t, lay = expand(t, fns)  # compact launches: per-function columns and param off/size joined in
     if t.num_rows == 0:
         return nbytes, None
-    return nbytes, (_launch_part(t), _param_part(t, offline))
+    return nbytes, (_launch_part(t), _param_part(t, offline, lay))
 
 
 def _has_nul(data) -> bool:
@@ -247,8 +255,8 @@ def _drop_nuls(data, warnings: list[str]) -> bytes:
     return b"\n".join(out) + b"\n" if out else b""
 
 
-def _read_frames(src: Path, warnings: list[str],
-                 offline: Offline | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
+                 fns: Functions | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     from concurrent.futures import ThreadPoolExecutor
 
     workers = max(1, min(os.cpu_count() or 1, 8))
@@ -274,7 +282,7 @@ def _read_frames(src: Path, warnings: list[str],
     pending: list = []
     with ThreadPoolExecutor(workers) as pool:
         for data in _chunks(src, warnings):
-            pending.append(pool.submit(_parse_chunk, data, warnings, src, offline))
+            pending.append(pool.submit(_parse_chunk, data, warnings, src, offline, fns))
             del data
             while len(pending) > workers:
                 take(pending.pop(0))
@@ -293,7 +301,7 @@ def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Tabl
             continue
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict) or "symbol" not in rec or "seq" not in rec:
+            if not isinstance(rec, dict) or ("symbol" not in rec and "fn" not in rec) or "seq" not in rec:
                 raise ValueError
             pj.read_json(io.BytesIO(line), parse_options=opts)
         except (ValueError, pa.ArrowException):
@@ -381,10 +389,10 @@ def _launch_part(t: pa.Table) -> dict:
     return cols
 
 
-def _param_part(t: pa.Table, offline: Offline | None = None) -> dict:
+def _param_part(t: pa.Table, offline: Offline | None = None, lay=None) -> dict:
     seqs = pc.fill_null(t.column("seq"), 0).to_numpy()
     params = _one_chunk(t.column("params"))
-    return _param_chunk(params, seqs, offline)
+    return _param_chunk(params, seqs, offline, lay)
 
 
 def _hex_words(hexes, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -408,18 +416,21 @@ def _hex_words(hexes, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 _NULL_STR = pa.scalar(None, pa.string())
 
 
-def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray, offline: Offline | None = None) -> dict:
-    """Long-form rows of one chunk: one per parameter, each followed by its inner pointer words."""
+def _param_chunk(chunk: pa.ListArray, seqs: np.ndarray, offline: Offline | None = None,
+                 lay=None) -> dict:
+    """Long-form rows of one chunk: one per parameter, each followed by its inner pointer words.
+    `lay`: (off, size) per parameter when they come from functions.jsonl (compact form)."""
     P = schema.PARAM_COLUMNS
     flat = pc.list_flatten(chunk)
     parent = pc.list_parent_indices(chunk).to_numpy()
     n = len(flat)
-    size = pc.fill_null(pc.struct_field(flat, "size"), 0).to_numpy()
+    size = pc.fill_null(pc.struct_field(flat, "size"), 0).to_numpy() if lay is None else lay[1]
     hexes = pc.struct_field(flat, "hex")
     cols = {
         "seq": seqs[parent].astype(P["seq"], copy=False),
         "i": _np(pc.fill_null(pc.struct_field(flat, "i"), -1), P["i"]),
-        "off": _np(pc.fill_null(pc.struct_field(flat, "off"), 0), P["off"]),
+        "off": (_np(pc.fill_null(pc.struct_field(flat, "off"), 0), P["off"]) if lay is None
+                else lay[0].astype(P["off"])),
         "size": size.astype(P["size"]),
         "at": np.zeros(n, P["at"]), "word": np.zeros(n, bool), "value": hex_le_u64(hexes),
         "is_ptr": np.zeros(n, bool), "alloc_base": np.zeros(n, np.uint64),
@@ -576,6 +587,10 @@ def _cache_paths(src: Path) -> tuple[Path, str]:
     if log.is_file():  # the params frame depends on the allocation log too
         a = log.stat()
         key += f"-allocs{a.st_size}-{a.st_mtime_ns}"
+    fns = src.parent / FUNCTIONS
+    if fns.is_file():  # compact form: the frames join it
+        f = fns.stat()
+        key += f"-fns{f.st_size}-{f.st_mtime_ns}"
     return src.parent / ".mine-cache", key
 
 
@@ -629,12 +644,20 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
             mode = "fill" if (meta.get("options") or {}).get("classify") == 0 else "check"
             offline = Offline(intervals(allocs), mode, [])
         warnings.extend(alloc_warnings)
+        fns = read_functions(folder / FUNCTIONS, warnings) if (folder / FUNCTIONS).is_file() else None
+        no_fns = Functions(np.zeros(0, np.int64), {}, *(np.zeros(0, np.int64),) * 4) if fns is None else fns
         try:
-            launches, params = _read_frames(src, warnings, offline)
+            launches, params = _read_frames(src, warnings, offline, no_fns)
         except DumpError:
+            if sum(no_fns.missing):
+                raise DumpError(f"{src}: every launch names a function that {folder / FUNCTIONS} "
+                                f"{'lacks' if fns is not None else 'would hold (the file is missing)'}") from None
             if any("unparsable" in w for w in warnings):
                 raise DumpError(f"{src}: holds no parsable launch record") from None
             raise
+        if sum(no_fns.missing):
+            warnings.append(f"dropped {sum(no_fns.missing)} launch(es) naming a function missing from "
+                            f"{FUNCTIONS}" + ("" if fns is not None else " (the file is missing)"))
         if offline is not None and offline.mode == "check" and sum(offline.disagree):
             warnings.append(f"{ALLOC_LOG}: the offline classification disagrees with the recorded ptrs "
                             f"on {sum(offline.disagree)} word(s); the recorded ptrs are kept")

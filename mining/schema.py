@@ -40,6 +40,7 @@ LAUNCH_RECORD = pa.schema(
                              ("local", pa.int64()), ("max_threads", pa.int64())])),
         ("packing", pa.string()), ("layout", pa.string()),
         ("params", pa.list_(_PARAM)), ("extra_hex", pa.string()),
+        ("fn", pa.int64()),  # compact form: the functions.jsonl id replacing handle..attrs, layout
     ]
 )
 

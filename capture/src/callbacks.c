@@ -260,49 +260,7 @@ static void on_graph(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
 }
 
-/* ---- launches ---- */
-static void launch_attrs(jb_t *b, const CUlaunchConfig *cfg) {
-  jb_lit(b, ",\"launch_attrs\":{");
-  for (unsigned i = 0; cfg && cfg->attrs && i < cfg->numAttrs && i < 64; i++) {
-    const CUlaunchAttribute *a = &cfg->attrs[i];
-    const CUlaunchAttributeValue *v = &a->value;
-    if (i) jb_lit(b, ",");
-    switch (a->id) {
-    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
-      jb_raw(b, a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? "\"cluster\":[" : "\"preferred_cluster\":[",
-             a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? 11 : 21);
-      jb_u64(b, v->clusterDim.x); jb_lit(b, ","); jb_u64(b, v->clusterDim.y); jb_lit(b, ",");
-      jb_u64(b, v->clusterDim.z); jb_lit(b, "]");
-      break;
-    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-      jb_lit(b, "\"cluster_scheduling\":"); jb_i64(b, v->clusterSchedulingPolicyPreference); break;
-    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
-      jb_lit(b, "\"pdl\":"); jb_i64(b, v->programmaticStreamSerializationAllowed); break;
-    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
-      jb_lit(b, "\"pdl_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->programmaticEvent.event);
-      jb_lit(b, ",\"flags\":"); jb_i64(b, v->programmaticEvent.flags);
-      jb_lit(b, ",\"trigger_at_block_start\":"); jb_i64(b, v->programmaticEvent.triggerAtBlockStart);
-      jb_lit(b, "}"); break;
-    case CU_LAUNCH_ATTRIBUTE_PRIORITY: jb_lit(b, "\"priority\":"); jb_i64(b, v->priority); break;
-    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: jb_lit(b, "\"cooperative\":"); jb_i64(b, v->cooperative); break;
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      jb_lit(b, "\"mem_sync_domain\":"); jb_i64(b, v->memSyncDomain); break;
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-      jb_lit(b, "\"mem_sync_domain_map\":["); jb_u64(b, v->memSyncDomainMap.default_); jb_lit(b, ",");
-      jb_u64(b, v->memSyncDomainMap.remote); jb_lit(b, "]"); break;
-    case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
-      jb_lit(b, "\"completion_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->launchCompletionEvent.event);
-      jb_lit(b, ",\"flags\":"); jb_i64(b, v->launchCompletionEvent.flags); jb_lit(b, "}"); break;
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-      jb_lit(b, "\"smem_carveout\":"); jb_u64(b, v->sharedMemCarveout); break;
-    default: /* a newer attribute: its id and raw value, so nothing is lost */
-      jb_lit(b, "\"attr_"); jb_u64(b, a->id); jb_lit(b, "\":"); jb_hex(b, v, sizeof *v); break;
-    }
-  }
-  jb_lit(b, "}");
-}
-
+/* ---- launches (the record body: record.c) ---- */
 static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   const char *api;
   CUfunction f;
@@ -368,59 +326,13 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
       in_graph = 1;
   }
 
+  mc_launch_t L = {mc_now_ns(), mc_tid(), mc_ctx_device(ctx), ctx, stream, api, (int)result, in_graph, graph,
+                   (uint64_t)capid, {g[0], g[1], g[2]}, {bl[0], bl[1], bl[2]}, smem, cfg, kp, extra};
+  /* compact: the function's record is written (once) before this launch's is built */
+  int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
   jb_t *b = jb_thread();
   if (!b) return;
-  jb_lit(b, "\"t_ns\":"); jb_u64(b, mc_now_ns());
-  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
-  jb_lit(b, ",\"dev\":"); jb_i64(b, mc_ctx_device(ctx));
-  jb_lit(b, ",\"ctx\":"); jb_ptr(b, (uintptr_t)ctx);
-  jb_lit(b, ",\"stream\":"); jb_ptr(b, (uintptr_t)stream);
-  jb_lit(b, ",\"api\":\""); jb_raw(b, api, strlen(api));
-  jb_lit(b, "\",\"result\":"); jb_i64(b, result);
-  jb_lit(b, ",\"graph\":");
-  if (in_graph) {
-    jb_lit(b, "{\"graph\":"); jb_ptr(b, (uintptr_t)graph);
-    jb_lit(b, ",\"capture_id\":"); jb_u64(b, capid); jb_lit(b, "}");
-  } else jb_lit(b, "null");
-  jb_raw(b, e->frag, e->frag_n);
-  jb_lit(b, ",\"grid\":["); jb_u64(b, g[0]); jb_lit(b, ","); jb_u64(b, g[1]); jb_lit(b, ","); jb_u64(b, g[2]);
-  jb_lit(b, "],\"block\":["); jb_u64(b, bl[0]); jb_lit(b, ","); jb_u64(b, bl[1]); jb_lit(b, ","); jb_u64(b, bl[2]);
-  jb_lit(b, "],\"smem\":"); jb_u64(b, smem);
-  launch_attrs(b, cfg);
-
-  /* Packed `extra`: find the buffer and its size. */
-  const unsigned char *xbuf = NULL;
-  size_t xsize = 0;
-  int packed = 0;
-  if (!kp && extra) {
-    packed = 1;
-    for (int i = 0; i < 32 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = extra[i + 1];
-      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) xsize = *(const size_t *)extra[i + 1];
-    }
-    if (!xbuf) xsize = 0;
-  }
-  if (packed) jb_lit(b, ",\"packing\":\"extra\",\"layout\":\"");
-  else jb_lit(b, ",\"packing\":\"params\",\"layout\":\"");
-  jb_raw(b, e->layout_src, strlen(e->layout_src));
-  jb_lit(b, "\",\"params\":[");
-  if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
-  for (int i = 0; i < e->nparams; i++) {
-    const unsigned char *src = NULL;
-    size_t sz = e->size[i];
-    if (packed) { if (xbuf && (size_t)e->off[i] + sz <= xsize) src = xbuf + e->off[i]; }
-    else if (kp) src = kp[i];
-    if (i) jb_lit(b, ",");
-    jb_lit(b, "{\"i\":"); jb_u64(b, (uint64_t)i);
-    jb_lit(b, ",\"off\":"); jb_u64(b, e->off[i]);
-    jb_lit(b, ",\"size\":"); jb_u64(b, sz);
-    jb_lit(b, ",\"hex\":");
-    if (src) { jb_hex(b, src, sz); if (!mc_knobs.no_classify) mc_classify_words(b, src, sz); }
-    else jb_lit(b, "\"\"");
-    jb_lit(b, "}");
-  }
-  jb_lit(b, "]");
-  if (packed && e->nparams < 0 && xbuf) { jb_lit(b, ",\"extra_hex\":"); jb_hex(b, xbuf, xsize); }
+  mc_launch_json(b, &L, e, fn);
   int64_t seq = mc_write_record(MC_F_LAUNCHES, b, 1);
   if (seq >= 0) {
     atomic_fetch_add_explicit(&mc_cnt.launches_recorded, 1, memory_order_relaxed);

@@ -139,6 +139,7 @@ static void read_knobs(void) {
   mc_knobs.no_prefault = env_u64("MINE_CAPTURE_PREFAULT", 1) == 0;
   mc_knobs.no_classify = env_u64("MINE_CAPTURE_CLASSIFY", 1) == 0;
   mc_knobs.alloc_log = env_u64("MINE_CAPTURE_ALLOC_LOG", 0) != 0;
+  mc_knobs.compact = env_u64("MINE_CAPTURE_COMPACT", 0) != 0;
 }
 
 /* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
@@ -243,6 +244,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"prefault\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_prefault);
   jb_lit(&b, ",\"classify\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_classify);
   jb_lit(&b, ",\"alloc_log\":"); jb_u64(&b, (uint64_t)mc_knobs.alloc_log);
+  if (mc_knobs.compact) jb_lit(&b, ",\"compact\":1"); /* absent by default: default meta.json unchanged */
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
@@ -250,6 +252,7 @@ void mc_meta_write(int final) {
     jb_lit(&b, ",\"modules\":"); jb_u64(&b, mc_cnt.modules);
     jb_lit(&b, ",\"cubin_bytes\":"); jb_u64(&b, mc_cnt.cubin_bytes);
     jb_lit(&b, ",\"no_layout\":"); jb_u64(&b, mc_cnt.no_layout);
+    if (mc_knobs.compact) { jb_lit(&b, ",\"functions\":"); jb_u64(&b, mc_cnt.functions); }
     if (mc_knobs.alloc_log) {
       jb_lit(&b, ",\"alloc_events\":"); jb_u64(&b, mc_cnt.alloc_events);
       jb_lit(&b, ",\"alloc_dropped\":"); jb_u64(&b, mc_cnt.alloc_dropped);
@@ -307,6 +310,7 @@ static void fork_child(void) {
   memset(&mc_cnt, 0, sizeof mc_cnt);
   mc_files_reset_after_fork();
   mc_layout_reset_after_fork();
+  mc_fn_reset_after_fork();
   mc_callbacks_reset_after_fork();
   files_opened_pid = mc_pid; /* the writer opens pid<N>/ lazily at the first record */
 }

@@ -7,7 +7,7 @@
  * failure means the capture cannot continue turn capture off with one line on stderr.
  * Files: init.c (knobs, start, fork, exit), callbacks.c (CUPTI dispatch, launch records),
  * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
- * classification, the allocation log), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
+ * classification, the allocation log), record.c (launch record JSON, compact function records), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
 #ifndef MC_H
 #define MC_H
 
@@ -77,6 +77,8 @@ typedef struct {
                                 times the writer without pointer classification) */
   int alloc_log;             /* MINE_CAPTURE_ALLOC_LOG=1: allocation/free/mapping events to
                                 allocs.jsonl (alloc.c), for offline pointer classification */
+  int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
+                                launches carry "fn" (record.c) */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 
@@ -92,6 +94,7 @@ extern const char *const mc_drop_names[MC_DROP_COUNT];
 typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
   atomic_ullong alloc_events, alloc_dropped; /* allocs.jsonl records written / not written */
+  atomic_ullong functions;                   /* functions.jsonl records written (compact) */
   atomic_ullong dropped[MC_DROP_COUNT];
   atomic_ullong errors[MC_FN_COUNT];
 } mc_counters_t;
@@ -115,7 +118,7 @@ void jb_u64(jb_t *b, uint64_t v);
 void jb_i64(jb_t *b, int64_t v);
 void jb_ptr(jb_t *b, uint64_t v);      /* "0x.." */
 void jb_hex(jb_t *b, const void *p, size_t n);
-enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_ALLOCS, MC_F_COUNT };
+enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_ALLOCS, MC_F_FUNCTIONS, MC_F_COUNT };
 int mc_files_open(void);               /* 0 ok; makes DIR/pid<N>/ and opens the files */
 void mc_files_reset_after_fork(void);
 int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
@@ -140,6 +143,7 @@ typedef struct {
   char *symbol;             /* mangled, owned */
   const char *symbol_key;   /* CUPTI's pointer seen when cached */
   char *frag; size_t frag_n;/* precomputed JSON: "handle".."attrs":{..}, */
+  _Atomic uint64_t fn_tag;  /* compact: (generation << 32) | (function id + 1); 0 none (record.c) */
 } mc_entry_t;
 const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_symbol);
 void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size);
@@ -171,6 +175,21 @@ const CUpti_CallbackId *mc_alloc_log_cbids(size_t *n);  /* every API the log lis
 void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id);
 void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const void *params, CUcontext ctx,
                        int result);
+
+/* record.c: one launch, as the callback saw it; formatting is pure (tested on CPU). */
+typedef struct {
+  uint64_t t_ns; int tid, dev; CUcontext ctx; CUstream stream; const char *api; int result;
+  int in_graph; CUgraph graph; uint64_t capid;
+  unsigned grid[3], block[3], smem;
+  const CUlaunchConfig *cfg; void **kp, **extra;
+} mc_launch_t;
+/* The launch record body; fn >= 0: the compact form ("fn", params without off/size). */
+void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn);
+/* Compact form: e's function id, its functions.jsonl record written first; -1: write the launch
+ * in the default form (the record could not be written). */
+int64_t mc_fn_id(const mc_entry_t *e);
+void mc_fn_json(jb_t *b, const mc_entry_t *e, uint64_t id);  /* a functions.jsonl record body */
+void mc_fn_reset_after_fork(void);
 
 /* callbacks.c */
 void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *d);

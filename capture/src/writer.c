@@ -28,7 +28,7 @@
  * run of NULs in front of the next record. Readers: take the bytes after the last NUL of each line.
  * A filesystem without fallocate makes that file use the write writer.
  *
- * write for modules.jsonl, tensormaps.jsonl and allocs.jsonl (rare records; the file stays exact after any
+ * write for modules.jsonl, tensormaps.jsonl, allocs.jsonl and functions.jsonl (rare records; the file stays exact after any
  * death), and for all four files by default (MINE_CAPTURE_WRITER=write): one write(2) per record on an
  * O_APPEND descriptor, seq taken under the file's mutex together with the write.
  *
@@ -52,12 +52,15 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.jsonl",
-                                                   "graphs.jsonl", "tensormaps.jsonl", "allocs.jsonl"};
-static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0};   /* records carry seq */
-static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0};   /* mmap writer when chosen */
-/* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1 (its descriptor stays -1 otherwise). */
-static int file_wanted(int f) { return f != MC_F_ALLOCS || mc_knobs.alloc_log; }
+static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.jsonl", "graphs.jsonl",
+                                                   "tensormaps.jsonl", "allocs.jsonl", "functions.jsonl"};
+static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0, 0};   /* records carry seq */
+static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0, 0};   /* mmap writer when chosen */
+/* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1, functions.jsonl only with
+ * MINE_CAPTURE_COMPACT=1 (their descriptors stay -1 otherwise). */
+static int file_wanted(int f) {
+  return (f != MC_F_ALLOCS || mc_knobs.alloc_log) && (f != MC_F_FUNCTIONS || mc_knobs.compact);
+}
 
 #define WIN_SHIFT 26                           /* 64 MiB windows */
 #define WIN_SIZE (1ull << WIN_SHIFT)

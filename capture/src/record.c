@@ -1,0 +1,243 @@
+/* record.c: the launch record's JSON body, and the compact form's function records.
+ *
+ * mc_launch_json formats one launch from a plain description of it (mc_launch_t), so the same
+ * code runs under CUPTI (callbacks.c) and in the CPU test harness. Default form: the function's
+ * identity (the layout entry's precomputed fragment), the layout source and each parameter's
+ * off/size are repeated in every record (docs/dump-format.md, launches.jsonl).
+ *
+ * Compact form (MINE_CAPTURE_COMPACT=1): each distinct function gets a small id and one record in
+ * functions.jsonl (fragment, layout, params_layout); launches carry "fn": id and params of
+ * {"i","hex"} only. Ordering contract: a launch names an id only after that id's function record
+ * has been written in full (write(2) returned), so a reader that sees a launch -- even in a dump
+ * cut short by a kill -- finds its function. How: the id is assigned and the function record
+ * written under fn_lock; only then is the id entered in the registry and published on the layout
+ * entry (release store). A thread either sees the published id (acquire; the write happened
+ * before) or takes fn_lock and finds the registry entry (inserted after the write) or makes it.
+ * Identity: the registry is keyed on the content of the entry (handle, context, fragment, layout),
+ * not on the entry pointer, so the per-launch entries layout.c builds while a slot is being filled
+ * (or when its table is full) share the id of the cached one: one function, one id.
+ * Fork: ids belong to the parent's functions.jsonl; the child starts a new generation (every
+ * published id is stale) with an empty registry. A function record that cannot be written
+ * (max bytes, no memory, write error) publishes nothing: that launch is written in the default
+ * form, which a reader accepts next to compact ones. */
+#include "mc.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t fn_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint fn_gen = 1;        /* bumped in a forked child: published ids go stale */
+static const mc_entry_t **fn_tab;     /* open addressing on content hash; under fn_lock */
+static uint64_t *fn_hash;
+static uint32_t *fn_ids;
+static size_t fn_cap, fn_count;       /* fn_count: ids given out in this generation */
+
+static uint64_t mix(uint64_t h, const void *p, size_t n) {
+  const unsigned char *s = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t entry_hash(const mc_entry_t *e) {
+  uint64_t h = 1469598103934665603ull;
+  h = mix(h, &e->handle, sizeof e->handle);
+  h = mix(h, &e->ctx, sizeof e->ctx);
+  h = mix(h, e->frag, e->frag_n);
+  h = mix(h, e->layout_src, strlen(e->layout_src));
+  h = mix(h, &e->nparams, sizeof e->nparams);
+  if (e->nparams > 0) {
+    h = mix(h, e->off, (size_t)e->nparams * 4);
+    h = mix(h, e->size, (size_t)e->nparams * 4);
+  }
+  return h | 1;
+}
+
+static int entry_same(const mc_entry_t *a, const mc_entry_t *b) {
+  if (a == b) return 1;
+  if (a->handle != b->handle || a->ctx != b->ctx || a->frag_n != b->frag_n || a->nparams != b->nparams ||
+      strcmp(a->layout_src, b->layout_src) != 0 || memcmp(a->frag, b->frag, a->frag_n) != 0)
+    return 0;
+  return a->nparams <= 0 || (memcmp(a->off, b->off, (size_t)a->nparams * 4) == 0 &&
+                             memcmp(a->size, b->size, (size_t)a->nparams * 4) == 0);
+}
+
+/* Under fn_lock. Index of e's slot (found or empty), or -1 when the table cannot grow. */
+static long fn_slot(const mc_entry_t *e, uint64_t h, int *found) {
+  if ((fn_count + 1) * 2 > fn_cap) {
+    size_t cap = fn_cap ? fn_cap * 2 : 1024;
+    const mc_entry_t **t = calloc(cap, sizeof *t);
+    uint64_t *hs = calloc(cap, sizeof *hs);
+    uint32_t *ids = calloc(cap, sizeof *ids);
+    if (!t || !hs || !ids) { free(t); free(hs); free(ids); return -1; }
+    for (size_t i = 0; i < fn_cap; i++) {
+      if (!fn_tab[i]) continue;
+      size_t j = fn_hash[i] & (cap - 1);
+      while (t[j]) j = (j + 1) & (cap - 1);
+      t[j] = fn_tab[i]; hs[j] = fn_hash[i]; ids[j] = fn_ids[i];
+    }
+    free(fn_tab); free(fn_hash); free(fn_ids);
+    fn_tab = t; fn_hash = hs; fn_ids = ids; fn_cap = cap;
+  }
+  size_t j = h & (fn_cap - 1);
+  while (fn_tab[j]) {
+    if (fn_hash[j] == h && entry_same(fn_tab[j], e)) { *found = 1; return (long)j; }
+    j = (j + 1) & (fn_cap - 1);
+  }
+  *found = 0;
+  return (long)j;
+}
+
+void mc_fn_json(jb_t *b, const mc_entry_t *e, uint64_t id) {
+  jb_lit(b, "\"fn\":"); jb_u64(b, id);
+  jb_lit(b, ",\"ctx\":"); jb_ptr(b, (uintptr_t)e->ctx);
+  jb_raw(b, e->frag, e->frag_n);
+  jb_lit(b, ",\"layout\":"); jb_str(b, e->layout_src);
+  jb_lit(b, ",\"params_layout\":[");
+  for (int i = 0; i < e->nparams; i++) {
+    if (i) jb_lit(b, ",");
+    jb_lit(b, "["); jb_u64(b, (uint64_t)i);
+    jb_lit(b, ","); jb_u64(b, e->off[i]);
+    jb_lit(b, ","); jb_u64(b, e->size[i]);
+    jb_lit(b, "]");
+  }
+  jb_lit(b, "]");
+}
+
+int64_t mc_fn_id(const mc_entry_t *e) {
+  mc_entry_t *m = (mc_entry_t *)e; /* only fn_tag is written, atomically */
+  uint64_t gen = atomic_load_explicit(&fn_gen, memory_order_acquire);
+  uint64_t tag = atomic_load_explicit(&m->fn_tag, memory_order_acquire);
+  if (tag && (tag >> 32) == gen) return (int64_t)(tag & 0xffffffffu) - 1;
+  uint64_t h = entry_hash(e);
+  int64_t id = -1;
+  pthread_mutex_lock(&fn_lock);
+  gen = atomic_load_explicit(&fn_gen, memory_order_relaxed);
+  int found = 0;
+  long j = fn_slot(e, h, &found);
+  if (j >= 0 && found) {
+    id = fn_ids[j];
+  } else if (j >= 0 && fn_count < 0xfffffffeu) {
+    jb_t *b = jb_thread();
+    if (b) {
+      mc_fn_json(b, e, fn_count);
+      if (mc_write_record(MC_F_FUNCTIONS, b, 0) >= 0) { /* written before anyone can see the id */
+        id = (int64_t)fn_count++;
+        fn_tab[j] = e; fn_hash[j] = h; fn_ids[j] = (uint32_t)id;
+        atomic_fetch_add(&mc_cnt.functions, 1);
+      }
+    }
+  }
+  if (id >= 0) atomic_store_explicit(&m->fn_tag, (gen << 32) | (uint64_t)(id + 1), memory_order_release);
+  pthread_mutex_unlock(&fn_lock);
+  return id;
+}
+
+void mc_fn_reset_after_fork(void) {
+  pthread_mutex_init(&fn_lock, NULL);
+  if (fn_cap) memset(fn_tab, 0, fn_cap * sizeof *fn_tab);
+  fn_count = 0;
+  atomic_fetch_add(&fn_gen, 1);
+}
+
+static void launch_attrs(jb_t *b, const CUlaunchConfig *cfg) {
+  jb_lit(b, ",\"launch_attrs\":{");
+  for (unsigned i = 0; cfg && cfg->attrs && i < cfg->numAttrs && i < 64; i++) {
+    const CUlaunchAttribute *a = &cfg->attrs[i];
+    const CUlaunchAttributeValue *v = &a->value;
+    if (i) jb_lit(b, ",");
+    switch (a->id) {
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+      jb_raw(b, a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? "\"cluster\":[" : "\"preferred_cluster\":[",
+             a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? 11 : 21);
+      jb_u64(b, v->clusterDim.x); jb_lit(b, ","); jb_u64(b, v->clusterDim.y); jb_lit(b, ",");
+      jb_u64(b, v->clusterDim.z); jb_lit(b, "]");
+      break;
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      jb_lit(b, "\"cluster_scheduling\":"); jb_i64(b, v->clusterSchedulingPolicyPreference); break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+      jb_lit(b, "\"pdl\":"); jb_i64(b, v->programmaticStreamSerializationAllowed); break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
+      jb_lit(b, "\"pdl_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->programmaticEvent.event);
+      jb_lit(b, ",\"flags\":"); jb_i64(b, v->programmaticEvent.flags);
+      jb_lit(b, ",\"trigger_at_block_start\":"); jb_i64(b, v->programmaticEvent.triggerAtBlockStart);
+      jb_lit(b, "}"); break;
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY: jb_lit(b, "\"priority\":"); jb_i64(b, v->priority); break;
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: jb_lit(b, "\"cooperative\":"); jb_i64(b, v->cooperative); break;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      jb_lit(b, "\"mem_sync_domain\":"); jb_i64(b, v->memSyncDomain); break;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+      jb_lit(b, "\"mem_sync_domain_map\":["); jb_u64(b, v->memSyncDomainMap.default_); jb_lit(b, ",");
+      jb_u64(b, v->memSyncDomainMap.remote); jb_lit(b, "]"); break;
+    case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+      jb_lit(b, "\"completion_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->launchCompletionEvent.event);
+      jb_lit(b, ",\"flags\":"); jb_i64(b, v->launchCompletionEvent.flags); jb_lit(b, "}"); break;
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      jb_lit(b, "\"smem_carveout\":"); jb_u64(b, v->sharedMemCarveout); break;
+    default: /* a newer attribute: its id and raw value, so nothing is lost */
+      jb_lit(b, "\"attr_"); jb_u64(b, a->id); jb_lit(b, "\":"); jb_hex(b, v, sizeof *v); break;
+    }
+  }
+  jb_lit(b, "}");
+}
+
+void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn) {
+  jb_lit(b, "\"t_ns\":"); jb_u64(b, L->t_ns);
+  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)L->tid);
+  jb_lit(b, ",\"dev\":"); jb_i64(b, L->dev);
+  jb_lit(b, ",\"ctx\":"); jb_ptr(b, (uintptr_t)L->ctx);
+  jb_lit(b, ",\"stream\":"); jb_ptr(b, (uintptr_t)L->stream);
+  jb_lit(b, ",\"api\":\""); jb_raw(b, L->api, strlen(L->api));
+  jb_lit(b, "\",\"result\":"); jb_i64(b, L->result);
+  jb_lit(b, ",\"graph\":");
+  if (L->in_graph) {
+    jb_lit(b, "{\"graph\":"); jb_ptr(b, (uintptr_t)L->graph);
+    jb_lit(b, ",\"capture_id\":"); jb_u64(b, L->capid); jb_lit(b, "}");
+  } else jb_lit(b, "null");
+  if (fn >= 0) { jb_lit(b, ",\"fn\":"); jb_u64(b, (uint64_t)fn); }
+  else jb_raw(b, e->frag, e->frag_n);
+  jb_lit(b, ",\"grid\":["); jb_u64(b, L->grid[0]); jb_lit(b, ","); jb_u64(b, L->grid[1]); jb_lit(b, ",");
+  jb_u64(b, L->grid[2]);
+  jb_lit(b, "],\"block\":["); jb_u64(b, L->block[0]); jb_lit(b, ","); jb_u64(b, L->block[1]); jb_lit(b, ",");
+  jb_u64(b, L->block[2]);
+  jb_lit(b, "],\"smem\":"); jb_u64(b, L->smem);
+  launch_attrs(b, L->cfg);
+
+  /* Packed `extra`: find the buffer and its size. */
+  const unsigned char *xbuf = NULL;
+  size_t xsize = 0;
+  int packed = 0;
+  void **extra = L->extra;
+  if (!L->kp && extra) {
+    packed = 1;
+    for (int i = 0; i < 32 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) xsize = *(const size_t *)extra[i + 1];
+    }
+    if (!xbuf) xsize = 0;
+  }
+  if (packed) jb_lit(b, ",\"packing\":\"extra\"");
+  else jb_lit(b, ",\"packing\":\"params\"");
+  if (fn < 0) { jb_lit(b, ",\"layout\":\""); jb_raw(b, e->layout_src, strlen(e->layout_src)); jb_lit(b, "\""); }
+  jb_lit(b, ",\"params\":[");
+  if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
+  for (int i = 0; i < e->nparams; i++) {
+    const unsigned char *src = NULL;
+    size_t sz = e->size[i];
+    if (packed) { if (xbuf && (size_t)e->off[i] + sz <= xsize) src = xbuf + e->off[i]; }
+    else if (L->kp) src = L->kp[i];
+    if (i) jb_lit(b, ",");
+    jb_lit(b, "{\"i\":"); jb_u64(b, (uint64_t)i);
+    if (fn < 0) {
+      jb_lit(b, ",\"off\":"); jb_u64(b, e->off[i]);
+      jb_lit(b, ",\"size\":"); jb_u64(b, sz);
+    }
+    jb_lit(b, ",\"hex\":");
+    if (src) { jb_hex(b, src, sz); if (!mc_knobs.no_classify) mc_classify_words(b, src, sz); }
+    else jb_lit(b, "\"\"");
+    jb_lit(b, "}");
+  }
+  jb_lit(b, "]");
+  if (packed && e->nparams < 0 && xbuf) { jb_lit(b, ",\"extra_hex\":"); jb_hex(b, xbuf, xsize); }
+}
