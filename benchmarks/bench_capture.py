@@ -54,9 +54,14 @@ def full_configs(inj: dict) -> dict:
                 out[name] = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf,
                                  MINE_CAPTURE_CLASSIFY=cls)
     # the offline-classification configuration: allocations logged, no per-launch pointer queries
+    # ... and with each function's symbol, name and attributes written once (compact records)
     for writer in ("write", "mmap"):
-        out[f"{writer}_alloclog_cls0"] = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT="1",
-                                              MINE_CAPTURE_CLASSIFY="0", MINE_CAPTURE_ALLOC_LOG="1")
+        off = dict(inj, MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT="1",
+                   MINE_CAPTURE_CLASSIFY="0", MINE_CAPTURE_ALLOC_LOG="1")
+        out[f"{writer}_alloclog_cls0"] = off
+        out[f"{writer}_alloclog_cls0_compact"] = dict(off, MINE_CAPTURE_COMPACT="1")
+    out["mmap_pf1_cls1_compact"] = dict(inj, MINE_CAPTURE_WRITER="mmap", MINE_CAPTURE_PREFAULT="1",
+                                        MINE_CAPTURE_CLASSIFY="1", MINE_CAPTURE_COMPACT="1")
     return out
 
 
