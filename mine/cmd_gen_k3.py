@@ -73,7 +73,8 @@ def k3(
                              "(without it every member holds every token's KV; that form needs the "
                              "k3_mla_vup_gate pin, which kernels.toml lacks)."),
     config: Optional[Path] = typer.Option(None, help="A K3 config.json (default: the bundled one)."),
-    kernels: Path = typer.Option(ROOT / "kernels.toml", help="kernels.toml with the K3 pins."),
+    kernels: Path = typer.Option(ROOT / "kernels.toml", show_default="kernels.toml of this repository",
+                                 help="kernels.toml with the K3 pins."),
 ) -> None:
     """Generate Kimi-K3 kern manifests.
 

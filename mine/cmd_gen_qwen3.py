@@ -79,7 +79,8 @@ def qwen3(
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder: check every bound tensor is there."),
     chunk: int = typer.Option(2048, help="Most rows one prefill call takes."),
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
-    kernels: Path = typer.Option(ROOT / "kernels.toml", help="kernels.toml with the own kernels' pins."),
+    kernels: Path = typer.Option(ROOT / "kernels.toml", show_default="kernels.toml of this repository",
+                                 help="kernels.toml with the own kernels' pins."),
 ) -> None:
     """Generate the Qwen3 kern manifest from a vLLM capture.
 
