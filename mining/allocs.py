@@ -40,6 +40,7 @@ import pyarrow.json as pj
 
 from mining import schema
 
+ALLOC_LOG = "allocs.jsonl"
 CREATE = ("alloc", "map", "ipc_open", "import", "ext_map", "gfx_map")
 END_AT_BASE = ("free", "ipc_close", "unmap")
 SYNTHETIC_ID = 1 << 48   # ids for allocations the log has no driver id for
@@ -81,7 +82,7 @@ def read_alloc_log(path: Path, warnings: list[str]) -> pd.DataFrame:
 
 
 def _frame(t: pa.Table) -> pd.DataFrame:
-    from mining.load import hex_num_u64
+    from mining.frames import hex_num_u64  # not at the top: mining.frames imports this module
 
     n = t.num_rows
 

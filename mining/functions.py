@@ -2,7 +2,7 @@
 
 Why: a compact capture writes each distinct function once to `functions.jsonl` (`fn` id, handle,
 func, module, sha256, symbol, name, attrs, layout, params_layout) and launch records carry `"fn"`
-instead of those keys, with params of `{"i", "hex"}` (+ ptrs/host/tmap) only. `mining/load.py`
+instead of those keys, with params of `{"i", "hex"}` (+ ptrs/host/tmap) only. `mining/jsonl.py`
 calls `expand()` on every parsed chunk, before the frame columns are built, so a compact dump gives
 exactly the frames its default-form twin gives: per-function columns are taken from the function
 table, each parameter's off/size from its function's layout by index `i`.
