@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import build_support
+import c_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,15 +126,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("writer")
-    src = d / "harness.c"
-    src.write_text(HARNESS)
-    paths = build_support.find_cuda()
-    exe = d / "harness"
-    subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-pthread", f"-I{paths.cuda_include}",
-                    f"-I{paths.cupti_include}", f"-I{ROOT / 'capture' / 'src'}", str(src),
-                    str(ROOT / "capture" / "src" / "writer.c"), "-o", str(exe)], check=True)
-    return exe
+    return c_harness.build(tmp_path_factory.mktemp("writer"), HARNESS, 'writer.c')
 
 
 def _run(exe, mode, out, threads, per, writer="mmap", prefault="1", **kw):
@@ -396,16 +388,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def alloc_harness(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("allocs")
-    src = d / "harness.c"
-    src.write_text(ALLOC_HARNESS)
-    paths = build_support.find_cuda()
-    exe = d / "harness"
-    subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-pthread", f"-I{paths.cuda_include}",
-                    f"-I{paths.cupti_include}", f"-I{ROOT / 'capture' / 'src'}", str(src),
-                    str(ROOT / "capture" / "src" / "alloc.c"), str(ROOT / "capture" / "src" / "writer.c"),
-                    "-o", str(exe)], check=True)
-    return exe
+    return c_harness.build(tmp_path_factory.mktemp("allocs"), ALLOC_HARNESS, 'alloc.c', 'writer.c')
 
 
 def _run_allocs(exe, mode, out, alloc_log=1, writer="write"):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from capture import build_support
+import c_harness
 from mining.load import load_dump
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,16 +199,7 @@ PROFILES = {"small": 0, "vllm": 1}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("compact")
-    src = d / "harness.c"
-    src.write_text(HARNESS)
-    paths = build_support.find_cuda()
-    exe = d / "harness"
-    subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-pthread", f"-I{paths.cuda_include}",
-                    f"-I{paths.cupti_include}", f"-I{ROOT / 'capture' / 'src'}", str(src),
-                    str(ROOT / "capture" / "src" / "record.c"), str(ROOT / "capture" / "src" / "writer.c"),
-                    "-o", str(exe)], check=True)
-    return exe
+    return c_harness.build(tmp_path_factory.mktemp("compact"), HARNESS, 'record.c', 'writer.c')
 
 
 def _run(exe, mode, out, compact, prof, n, writer="write"):
