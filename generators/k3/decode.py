@@ -70,12 +70,7 @@ def generate(c: K3, kernels, experts: int = 896, tp: int = 8, max_ctx: int = 262
         ("kda.kp", "bf16", [T, kp]), ("mla.fu", "bf16", [T, fu]), ("mla.qa", "bf16", [T, c.q_lora_rank]),
         ("mla.q", "bf16", [T, c.q_b]), ("mla.qlat", "bf16", [T, heads * c.kv_a]),
         ("mla.part", "f32", [T, part]), *([("mla.parts", "f32", [tp, T, part])] if dcp else []),
-        ("moe.logits", "f32", [T, experts]), ("moe.ids", "i32", [T, c.num_experts_per_tok]),
-        ("moe.w", "f32", [T, c.num_experts_per_tok]), ("moe.map", "i32", [R]),
-        ("moe.lat", "bf16", [T, c.moe_latent_size]), ("moe.lq", "u8", [T, c.moe_latent_size]),
-        ("moe.lsf", "u8", [T, layout.scale_cols(c, c.moe_latent_size)]),
-        ("moe.h", "u8", [R, c.moe_intermediate_size]), ("moe.hsf", "u8", [R, layout.scale_cols(c, c.moe_intermediate_size)]),
-        ("moe.y", "bf16", [R, c.moe_latent_size]), ("moe.comb", "bf16", [T, c.moe_latent_size]),
+        *layout.routed_moe_workspaces(c, T, R, experts),
         ("moe.shgu", "bf16", [T, 2 * sh]), ("moe.shact", "bf16", [T, sh]), ("moe.sh_o", "bf16", [T, H]),
         ("dense.gu", "bf16", [T, 2 * di]), ("dense.act", "bf16", [T, di]), ("out.logits", "f32", [S, c.vocab_size]),
     ]:

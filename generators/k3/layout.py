@@ -48,6 +48,20 @@ def scale_cols(c: K3, k: int) -> int:
     return k // c.mxfp_block
 
 
+def routed_moe_workspaces(c: K3, T, R, experts: int) -> list[tuple]:
+    """(name, dtype, shape) of the routed-MoE workspaces, the same in prefill and decode: router
+    logits, top-k ids and weights, the routing map over R routed rows, the latent activations and
+    their MXFP quantisation, the expert intermediate, the expert outputs and their combination."""
+    return [
+        ("moe.logits", "f32", [T, experts]), ("moe.ids", "i32", [T, c.num_experts_per_tok]),
+        ("moe.w", "f32", [T, c.num_experts_per_tok]), ("moe.map", "i32", [R]),
+        ("moe.lat", "bf16", [T, c.moe_latent_size]), ("moe.lq", "u8", [T, c.moe_latent_size]),
+        ("moe.lsf", "u8", [T, scale_cols(c, c.moe_latent_size)]),
+        ("moe.h", "u8", [R, c.moe_intermediate_size]), ("moe.hsf", "u8", [R, scale_cols(c, c.moe_intermediate_size)]),
+        ("moe.y", "bf16", [R, c.moe_latent_size]), ("moe.comb", "bf16", [T, c.moe_latent_size]),
+    ]
+
+
 def expert_bytes(c: K3) -> int:
     h, i, lat = c.moe_latent_size, c.moe_intermediate_size, c.moe_latent_size
     w13 = 2 * i * packed_cols(h) + 2 * i * scale_cols(c, h)
