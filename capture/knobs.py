@@ -52,6 +52,11 @@ KNOBS: tuple[Knob, ...] = (
          "once to functions.jsonl and let launch records carry \"fn\": id and params without off/size "
          "(smaller records; mining.load rebuilds the same frames; docs/dump-format.md)",
          "bool"),
+    Knob("MINE_CAPTURE_FORMAT", "json",
+         "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
+         "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "
+         "`python -m capture.binfmt PID_DIR` turns launches.bin into launches.jsonl (docs/dump-format.md)",
+         "choice", ("json", "bin")),
 )
 BY_ENV = {k.env: k for k in KNOBS}
 INJECTION_ENV = "CUDA_INJECTION64_PATH"  # read by the CUDA driver, not by us

@@ -22,6 +22,9 @@ def capture(
     skip: int = typer.Option(None, min=0, help="do not record the first N launches"),
     modules_only: bool = typer.Option(False, "--modules-only", help="record modules and cubins, no launches"),
     host_bytes: int = typer.Option(None, min=0, max=4096, help="bytes copied from a host pointee (64)"),
+    fmt: str = typer.Option(None, "--format", help="launch records: json (launches.jsonl) or bin (launches.bin, "
+                            "lowest overhead; docs/dump-format.md)"),
+    writer: str = typer.Option(None, help="write (one write(2) per record) or mmap (no system call per launch)"),
 ) -> None:
     """Run CMD with every cubin and kernel launch recorded.
 
@@ -39,7 +42,8 @@ def capture(
     cmd = list(ctx.args)
     code, summaries = launcher.run_capture(
         cmd, out, include=include, exclude=exclude, max_launches=max_launches, max_bytes=max_bytes,
-        skip=skip, modules_only=1 if modules_only else None, host_bytes=host_bytes)
+        skip=skip, modules_only=1 if modules_only else None, host_bytes=host_bytes,
+        format=fmt, writer=writer)
     launcher.render(summaries)
     raise typer.Exit(code)
 

@@ -50,6 +50,8 @@ void mc_note_error(int fn, int code, int fatal) { (void)fn; (void)code; if (fata
 void mc_meta_write(int final) { (void)final; }
 int mc_tid(void) { return 7; }
 void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) { (void)b; (void)p; (void)size; }
+unsigned mc_host_sections(jb_t *b, const mc_entry_t *e, const unsigned char *p, size_t n) {
+  (void)b; (void)e; (void)p; (void)n; return 0; }
 
 /* profiles: symbol/name lengths and parameter sizes of a fake function */
 typedef struct { int sym, name, np; const unsigned *sizes; } prof_t;

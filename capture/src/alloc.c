@@ -16,6 +16,7 @@
  * alias one); analysis decides that across launches. */
 #include "mc.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -86,6 +87,25 @@ int mc_host_read(uint64_t v, void *dst, unsigned n) {
   return r > 0 ? (int)r : 0;
 }
 
+/* The pointee of host word v into buf (MINE_CAPTURE_HOST_BYTES at most): bytes read, or 0 when v
+ * is not readable; unreadable words are not re-tried for HOST_NEG_NS. */
+static int host_try(uint64_t v, unsigned char buf[4096], uint64_t *now) {
+  unsigned want = mc_knobs.host_bytes < 4096 ? mc_knobs.host_bytes : 4096;
+  unsigned hs = word_slot(v, HOST_NEG_N);
+  unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
+  if (tl_host_neg[hs].v == v && tl_host_neg[hs].epoch == aep) {
+    if (*now == 0) *now = mc_now_ns();
+    if (*now - tl_host_neg[hs].t_ns < HOST_NEG_NS) return 0;
+  }
+  int got = mc_host_read(v, buf, want);
+  if (got <= 0) {
+    if (*now == 0) *now = mc_now_ns();
+    tl_host_neg[hs].v = v; tl_host_neg[hs].t_ns = *now; tl_host_neg[hs].epoch = aep;
+    return 0;
+  }
+  return got;
+}
+
 void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
   int nptr = 0, nhost = 0, ntmap = 0;
   size_t words = size / 8;
@@ -116,19 +136,8 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     uint64_t v;
     memcpy(&v, p + 8 * w, 8);
     unsigned char buf[4096];
-    unsigned want = mc_knobs.host_bytes < sizeof buf ? mc_knobs.host_bytes : sizeof buf;
-    unsigned hs = word_slot(v, HOST_NEG_N);
-    unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
-    if (tl_host_neg[hs].v == v && tl_host_neg[hs].epoch == aep) {
-      if (now == 0) now = mc_now_ns();
-      if (now - tl_host_neg[hs].t_ns < HOST_NEG_NS) continue;
-    }
-    int got = mc_host_read(v, buf, want);
-    if (got <= 0) {
-      if (now == 0) now = mc_now_ns();
-      tl_host_neg[hs].v = v; tl_host_neg[hs].t_ns = now; tl_host_neg[hs].epoch = aep;
-      continue;
-    }
+    int got = host_try(v, buf, &now);
+    if (got <= 0) continue;
     if (nhost++) jb_lit(b, ",{\"at\":"); else jb_lit(b, ",\"host\":[{\"at\":");
     jb_u64(b, 8 * w);
     jb_lit(b, ",\"addr\":"); jb_ptr(b, v);
@@ -147,6 +156,67 @@ void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) {
     }
     if (ntmap) jb_lit(b, "]");
   }
+}
+
+/* ---- host pointees in the binary form (docs/dump-format.md "Binary launch records") ----
+ * Why learnt per function: without per-launch device classification every plausible word would
+ * cost a process_vm_readv; a function's host-pointer words (cuBLASLt's alpha/beta) are the same
+ * parameter words launch after launch. The first MC_HOST_LEARN launches of a function check every
+ * plausible word that is not device memory; words that held a readable host pointer are kept (at
+ * most MC_HOST_WORDS, under learn_lock: rare) and are the only words read afterwards. */
+static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void learn_word(const mc_entry_t *ce, uint32_t at) {
+  mc_entry_t *e = (mc_entry_t *)ce; /* only host_at/host_n are written, under learn_lock */
+  pthread_mutex_lock(&learn_lock);
+  unsigned n = atomic_load_explicit(&e->host_n, memory_order_relaxed), k = 0;
+  while (k < n && e->host_at[k] != at) k++;
+  if (k == n && n < MC_HOST_WORDS) {
+    e->host_at[n] = at;
+    atomic_store_explicit(&e->host_n, n + 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&learn_lock);
+}
+
+static int host_section(jb_t *b, uint32_t at, uint64_t v, uint64_t *now) {
+  unsigned char buf[4096];
+  int got = host_try(v, buf, now);
+  if (got <= 0) return 0;
+  size_t pad = ((size_t)got + 7) & ~(size_t)7;
+  if (jb_need(b, 16 + pad)) return 0;
+  unsigned char *o = (unsigned char *)b->p + b->n;
+  uint32_t n = (uint32_t)got;
+  memcpy(o, &at, 4); memcpy(o + 4, &n, 4); memcpy(o + 8, &v, 8);
+  memcpy(o + 16, buf, (size_t)got);
+  memset(o + 16 + got, 0, pad - (size_t)got);
+  b->n += 16 + pad;
+  return 1;
+}
+
+unsigned mc_host_sections(jb_t *b, const mc_entry_t *ce, const unsigned char *blob, size_t n) {
+  mc_entry_t *e = (mc_entry_t *)ce;
+  unsigned made = 0;
+  uint64_t now = 0;
+  if (atomic_load_explicit(&e->host_seen, memory_order_relaxed) < MC_HOST_LEARN) {
+    atomic_fetch_add_explicit(&e->host_seen, 1, memory_order_relaxed);
+    for (size_t at = 0; at + 8 <= n && made < MC_HOST_WORDS; at += 8) {
+      uint64_t v;
+      memcpy(&v, blob + at, 8);
+      mc_alloc_t a;
+      if (!PLAUSIBLE(v) || mc_device_alloc(v, &a)) continue;
+      if (host_section(b, (uint32_t)at, v, &now)) { made++; learn_word(e, (uint32_t)at); }
+    }
+    return made;
+  }
+  unsigned k = atomic_load_explicit(&e->host_n, memory_order_acquire);
+  for (unsigned i = 0; i < k; i++) {
+    uint32_t at = e->host_at[i];
+    uint64_t v;
+    if ((size_t)at + 8 > n) continue;
+    memcpy(&v, blob + at, 8);
+    if (PLAUSIBLE(v)) made += (unsigned)host_section(b, at, v, &now);
+  }
+  return made;
 }
 
 /* ---- the allocation log (MINE_CAPTURE_ALLOC_LOG=1; docs/dump-format.md "allocs.jsonl") ----

@@ -261,6 +261,18 @@ static void on_graph(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
 }
 
 /* ---- launches (the record body: record.c) ---- */
+/* The binary form's api byte (docs/dump-format.md "Binary launch records"). */
+static int api_id(CUpti_CallbackId cbid) {
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: return 0;
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: return 1;
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: return 2;
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: return 3;
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel: return 4;
+  default: return 5;
+  }
+}
+
 static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   const char *api;
   CUfunction f;
@@ -332,8 +344,19 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
   jb_t *b = jb_thread();
   if (!b) return;
-  mc_launch_json(b, &L, e, fn);
-  int64_t seq = mc_write_record(MC_F_LAUNCHES, b, 1);
+  int64_t seq;
+  if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
+    if (fn < 0) {
+      atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
+      return;
+    }
+    L.api_id = api_id(cbid);
+    if (mc_launch_bin(b, &L, e, (uint32_t)fn) != 0) b->bad = 1;
+    seq = mc_write_bin(MC_F_LAUNCHES, b);
+  } else {
+    mc_launch_json(b, &L, e, fn);
+    seq = mc_write_record(MC_F_LAUNCHES, b, 1);
+  }
   if (seq >= 0) {
     atomic_fetch_add_explicit(&mc_cnt.launches_recorded, 1, memory_order_relaxed);
     if (in_graph) capture_note_launch(capid, seq);

@@ -140,6 +140,16 @@ static void read_knobs(void) {
   mc_knobs.no_classify = env_u64("MINE_CAPTURE_CLASSIFY", 1) == 0;
   mc_knobs.alloc_log = env_u64("MINE_CAPTURE_ALLOC_LOG", 0) != 0;
   mc_knobs.compact = env_u64("MINE_CAPTURE_COMPACT", 0) != 0;
+  const char *fmt = getenv("MINE_CAPTURE_FORMAT");
+  if (fmt && *fmt && strcmp(fmt, "json") != 0) {
+    if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
+    else fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_FORMAT=%s: not json or bin\n", fmt);
+  }
+  if (mc_knobs.bin) { /* the binary form carries function ids and leaves device pointers to the log */
+    mc_knobs.compact = 1;
+    mc_knobs.alloc_log = 1;
+    mc_knobs.no_classify = 1;
+  }
 }
 
 /* ---- driver entry points through cuGetProcAddress (no link against libcuda) ---- */
@@ -245,6 +255,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"classify\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_classify);
   jb_lit(&b, ",\"alloc_log\":"); jb_u64(&b, (uint64_t)mc_knobs.alloc_log);
   if (mc_knobs.compact) jb_lit(&b, ",\"compact\":1"); /* absent by default: default meta.json unchanged */
+  if (mc_knobs.bin) jb_lit(&b, ",\"format\":\"bin\"");
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);

@@ -79,6 +79,8 @@ typedef struct {
                                 allocs.jsonl (alloc.c), for offline pointer classification */
   int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
                                 launches carry "fn" (record.c) */
+  int bin;                   /* MINE_CAPTURE_FORMAT=bin: launches.bin records (record.c); implies
+                                compact, alloc_log and no_classify */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 
@@ -144,6 +146,9 @@ typedef struct {
   const char *symbol_key;   /* CUPTI's pointer seen when cached */
   char *frag; size_t frag_n;/* precomputed JSON: "handle".."attrs":{..}, */
   _Atomic uint64_t fn_tag;  /* compact: (generation << 32) | (function id + 1); 0 none (record.c) */
+  atomic_uint host_seen;    /* bin: launches whose words were checked for host pointees (alloc.c) */
+  atomic_uint host_n;       /* bin: learnt host-pointer words, offsets in host_at (<= MC_HOST_WORDS) */
+  uint32_t host_at[8];      /* bin: parameter-buffer byte offsets of the learnt host-pointer words */
 } mc_entry_t;
 const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_symbol);
 void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size);
@@ -182,6 +187,7 @@ typedef struct {
   int in_graph; CUgraph graph; uint64_t capid;
   unsigned grid[3], block[3], smem;
   const CUlaunchConfig *cfg; void **kp, **extra;
+  int api_id;               /* bin: index of api in the record's api table (record.c) */
 } mc_launch_t;
 /* The launch record body; fn >= 0: the compact form ("fn", params without off/size). */
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn);
@@ -190,6 +196,17 @@ void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t 
 int64_t mc_fn_id(const mc_entry_t *e);
 void mc_fn_json(jb_t *b, const mc_entry_t *e, uint64_t id);  /* a functions.jsonl record body */
 void mc_fn_reset_after_fork(void);
+
+/* The binary launch record (MINE_CAPTURE_FORMAT=bin; docs/dump-format.md "Binary launch
+ * records"). mc_launch_bin builds it in b (after JB_SEQ_ROOM; seq left 0); 0 ok, -1 dropped. */
+#define MC_BIN_MAGIC 0x314C434Du
+#define MC_BIN_HEADER 112
+#define MC_HOST_LEARN 8          /* launches of a function whose words are all checked */
+#define MC_HOST_WORDS 8          /* host-pointer words remembered per function */
+int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn);
+int64_t mc_write_bin(int file, jb_t *b);  /* writer.c: seq patched in at +8, header stored last */
+/* alloc.c, bin form: appends host sections for the blob's pointer words; returns how many. */
+unsigned mc_host_sections(jb_t *b, const mc_entry_t *e, const unsigned char *blob, size_t n);
 
 /* callbacks.c */
 void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *d);

@@ -241,3 +241,81 @@ void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t 
   jb_lit(b, "]");
   if (packed && e->nparams < 0 && xbuf) { jb_lit(b, ",\"extra_hex\":"); jb_hex(b, xbuf, xsize); }
 }
+
+/* ---- the binary form (MINE_CAPTURE_FORMAT=bin; docs/dump-format.md "Binary launch records") ----
+ * Why: what kept recording above the overhead goal was formatting (hex digits, decimal numbers)
+ * and the bytes written; here a launch is a 112-byte header, its raw launch attributes and one
+ * copy of its parameter buffer. Everything a JSON record derives from the function (symbol,
+ * layout, off/size) is in functions.jsonl once; device pointers are classified offline from
+ * allocs.jsonl; host pointees are read only for the words learnt per function (alloc.c). */
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+#define PAD8(n) (((n) + 7) & ~(size_t)7)
+
+int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
+  const unsigned char *xbuf = NULL;
+  size_t xsize = 0, blob_len = 0;
+  int packed = 0;
+  unsigned flags = L->in_graph ? 1u : 0u;
+  if (!L->kp && L->extra) {
+    packed = 1;
+    flags |= 2;
+    for (int i = 0; i < 32 && L->extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = L->extra[i + 1];
+      else if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && L->extra[i + 1])
+        xsize = *(const size_t *)L->extra[i + 1];
+    }
+    if (!xbuf) { xsize = 0; flags |= 4; }
+    blob_len = xsize;
+  } else if (!L->kp) {
+    flags |= 4;
+  } else {
+    for (int i = 0; i < e->nparams; i++)
+      if ((size_t)e->off[i] + e->size[i] > blob_len) blob_len = (size_t)e->off[i] + e->size[i];
+  }
+  if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
+  if (blob_len > 0xffffffffu) return -1;
+  unsigned nattrs = 0;
+  if (L->cfg && L->cfg->attrs) nattrs = L->cfg->numAttrs < 64 ? L->cfg->numAttrs : 64;
+  size_t host_room = MC_HOST_WORDS * (16 + PAD8((size_t)mc_knobs.host_bytes));
+  size_t room = MC_BIN_HEADER + (size_t)nattrs * sizeof(CUlaunchAttribute) + PAD8(blob_len) + host_room;
+  if (jb_need(b, room)) return -1;
+  size_t start = b->n;
+  unsigned char *r = (unsigned char *)b->p + start;
+  memset(r, 0, MC_BIN_HEADER);
+  put32(r + 4, MC_BIN_MAGIC);
+  put64(r + 16, L->t_ns);
+  put32(r + 24, (uint32_t)L->tid);
+  put32(r + 28, (uint32_t)L->dev);
+  put64(r + 32, (uintptr_t)L->ctx);
+  put64(r + 40, (uintptr_t)L->stream);
+  if (L->in_graph) { put64(r + 48, (uintptr_t)L->graph); put64(r + 56, L->capid); }
+  put32(r + 64, fn);
+  put32(r + 68, (uint32_t)L->result);
+  for (int k = 0; k < 3; k++) { put32(r + 72 + 4 * k, L->grid[k]); put32(r + 84 + 4 * k, L->block[k]); }
+  put32(r + 96, L->smem);
+  r[100] = (unsigned char)L->api_id;
+  r[101] = (unsigned char)flags;
+  r[102] = (unsigned char)nattrs;
+  put32(r + 104, (uint32_t)blob_len);
+  size_t at = MC_BIN_HEADER;
+  if (nattrs) { memcpy(r + at, L->cfg->attrs, nattrs * sizeof(CUlaunchAttribute)); at += nattrs * sizeof(CUlaunchAttribute); }
+  unsigned char *blob = r + at;
+  if (packed) {
+    if (xsize) memcpy(blob, xbuf, xsize);
+  } else if (blob_len) {
+    memset(blob, 0, blob_len);
+    for (int i = 0; i < e->nparams; i++)
+      if (L->kp[i]) memcpy(blob + e->off[i], L->kp[i], e->size[i]);
+  }
+  memset(blob + blob_len, 0, PAD8(blob_len) - blob_len);
+  size_t blob_at = start + at;
+  at += PAD8(blob_len);
+  b->n += at;
+  /* host sections are appended inside the room reserved above, so b->p does not move */
+  unsigned nhost = (flags & 4) ? 0 : mc_host_sections(b, e, (const unsigned char *)b->p + blob_at, blob_len);
+  r = (unsigned char *)b->p + start;
+  r[103] = (unsigned char)nhost;
+  put32(r, (uint32_t)(b->n - start));
+  return b->bad ? -1 : 0;
+}

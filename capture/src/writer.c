@@ -58,6 +58,9 @@ static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0, 0};   /* records carry s
 static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0, 0};   /* mmap writer when chosen */
 /* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1, functions.jsonl only with
  * MINE_CAPTURE_COMPACT=1 (their descriptors stay -1 otherwise). */
+static const char *file_name(int f) {
+  return f == MC_F_LAUNCHES && mc_knobs.bin ? "launches.bin" : file_names[f];
+}
 static int file_wanted(int f) {
   return (f != MC_F_ALLOCS || mc_knobs.alloc_log) && (f != MC_F_FUNCTIONS || mc_knobs.compact);
 }
@@ -292,7 +295,7 @@ static int open_one(int f) {
   wfile_t *F = &files[f];
   char p[4300];
   if (!file_wanted(f)) return 0;
-  snprintf(p, sizeof p, "%s/%s", pid_dir, file_names[f]);
+  snprintf(p, sizeof p, "%s/%s", pid_dir, file_name(f));
   int mapped = file_hot[f] && !mc_knobs.writer_write;
   F->fd = open(p, (mapped ? O_RDWR : O_WRONLY | O_APPEND) | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (F->fd < 0) {
@@ -406,6 +409,7 @@ static unsigned ndigits(uint64_t v) {
 /* Puts `{"seq":N,` (or `{`) right in front of the body at b->p + JB_SEQ_ROOM; returns the start. */
 static char *put_prefix(jb_t *b, int with_seq, uint64_t seq) {
   char *body = b->p + JB_SEQ_ROOM;
+  if (with_seq == 2) { memcpy(body + 8, &seq, 8); return body; } /* binary: seq at +8 */
   if (!with_seq) { body[-1] = '{'; return body - 1; }
   char *o = body;
   *--o = ',';
@@ -434,7 +438,7 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
   uint64_t e[2] = {__atomic_load_n(&F->st[0], __ATOMIC_RELAXED), __atomic_load_n(&F->st[1], __ATOMIC_RELAXED)};
   for (;;) {
     if (e[1] & SEALED) return 1;
-    size_t l = body + (with_seq ? 8 + ndigits(e[1]) : 1);
+    size_t l = with_seq == 2 ? body : body + (with_seq ? 8 + ndigits(e[1]) : 1);
     if (e[0] + l > (uint64_t)MAX_WIN << WIN_SHIFT) return -1;
     if (cas16(F->st, e, e[0] + l, e[1] + (with_seq ? 1 : 0))) {
       *off = e[0]; *seq = e[1]; *len = l;
@@ -446,7 +450,7 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
   int rc = 0;
   if (F->st[1] & SEALED) rc = 1;
   else {
-    size_t l = body + (with_seq ? 8 + ndigits(F->st[1]) : 1);
+    size_t l = with_seq == 2 ? body : body + (with_seq ? 8 + ndigits(F->st[1]) : 1);
     if (F->st[0] + l > (uint64_t)MAX_WIN << WIN_SHIFT) rc = -1;
     else { *off = F->st[0]; *seq = F->st[1]; *len = l; F->st[0] += l; F->st[1] += with_seq ? 1 : 0; }
   }
@@ -457,7 +461,7 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
 
 static int64_t write_failed(int file, int fn, int e) {
   mc_note_error(fn, e, 0);
-  mc_disable("cannot write %s/%s (%s)", pid_dir, file_names[file], strerror(e));
+  mc_disable("cannot write %s/%s (%s)", pid_dir, file_name(file), strerror(e));
   return -1;
 }
 
@@ -492,7 +496,7 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
     pthread_mutex_unlock(&F->grow);
     if (g != 0) {
       mc_note_error(MC_FN_fallocate, e, 0);
-      mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_names[file], strerror(e));
+      mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_name(file), strerror(e));
       return -1;
     }
   }
@@ -500,9 +504,17 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   char *w = ((end - 1) >> WIN_SHIFT) == k ? window(F, k) : NULL;
   if (w) {
     char *dst = w + (off & (WIN_SIZE - 1));
-    dst[len - 1] = '\n';                        /* first: a cut record stays a line of its own */
-    atomic_signal_fence(memory_order_seq_cst);
-    memcpy(dst, start, len - 1);
+    if (with_seq == 2) {                        /* binary: the header's len+magic last (commit) */
+      memcpy(dst + 8, start + 8, len - 8);
+      atomic_signal_fence(memory_order_seq_cst);
+      uint64_t head;
+      memcpy(&head, start, 8);
+      __atomic_store_n((uint64_t *)(void *)dst, head, __ATOMIC_RELAXED);
+    } else {
+      dst[len - 1] = '\n';                      /* first: a cut record stays a line of its own */
+      atomic_signal_fence(memory_order_seq_cst);
+      memcpy(dst, start, len - 1);
+    }
   } else if (pwrite_all(F->fd, start, len, off) != 0) {
     return write_failed(file, MC_FN_pwrite, errno);
   }
@@ -519,6 +531,33 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
     }
   }
   return with_seq ? (int64_t)seq : 0;
+}
+
+/* A binary record (MINE_CAPTURE_FORMAT=bin): b holds it whole after JB_SEQ_ROOM, a multiple of 8
+ * bytes, seq 0 at +8; the file's seq is patched in. Returns the seq, or -1 when dropped. */
+int64_t mc_write_bin(int file, jb_t *b) {
+  if (!mc_files_ready()) return -1;
+  if (b->bad) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_NO_MEMORY], 1);
+    return -1;
+  }
+  size_t body = b->n - JB_SEQ_ROOM;
+  if (mc_knobs.max_bytes &&
+      atomic_fetch_add(&bytes_written, body) + body > mc_knobs.max_bytes) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_BYTES], 1);
+    return -1;
+  }
+  wfile_t *F = &files[file];
+  if (F->mapped) return write_mapped(file, b, 2);
+  pthread_mutex_lock(&F->lock);
+  int64_t seq = F->seq;
+  char *start = put_prefix(b, 2, (uint64_t)seq);
+  int rc = F->fd >= 0 ? write_all(F->fd, start, body) : (errno = EBADF, -1);
+  int e = errno;
+  if (rc == 0) F->seq++;
+  pthread_mutex_unlock(&F->lock);
+  if (rc != 0) return write_failed(file, MC_FN_write, e);
+  return seq;
 }
 
 /* The seq the next record of `file` will get (launches: the counter an allocation event is
