@@ -1,6 +1,6 @@
 """Benchmark: load a synthetic 1,000,000-launch dump (not a test; run by hand).
 
-    python benchmarks/bench_load.py [--launches 1000000] [--runs 2] [--keep DIR] [--compact]
+    python benchmarks/bench_load.py [--launches 1000000] [--runs 2] [--keep DIR] [--compact | --bin]
 
 Writes a dump in the documented format (docs/dump-format.md) with realistic records (6 params,
 3 of them pointers, one 24-byte struct with an inner pointer), then, `--runs` times, loads it in a
@@ -8,8 +8,10 @@ fresh process cold (the parquet cache removed first: JSON, then writes the cache
 the cache), and prints seconds and peak RSS (getrusage ru_maxrss of the child) of each, with the
 ratio to the requirement (issue 4: cold under 10 s and 2 GB). With --keep DIR an existing dump
 there is reused. --compact writes the same launches in the compact form (MINE_CAPTURE_COMPACT=1:
-functions.jsonl + launches carrying "fn", params without off/size). Results go to
-docs/benchmarks.md, section "Dump loading".
+functions.jsonl + launches carrying "fn", params without off/size). --bin writes them as binary
+records (MINE_CAPTURE_FORMAT=bin: launches.bin, functions.jsonl, and allocs.jsonl, from which the
+pointers are classified offline; encoder: tests/binenc.py). Results go to docs/benchmarks.md,
+section "Dump loading".
 """
 
 from __future__ import annotations
@@ -32,6 +34,35 @@ SYMS = [f"_Z{len(n)}{n}v" for n in ("rms_norm_kernel", "gemm_bf16_kernel", "rope
 
 
 LAYOUT = [[0, 0, 8], [1, 8, 8], [2, 16, 8], [3, 24, 4], [4, 28, 4], [5, 32, 24]]
+
+
+def write_bin_dump(folder: Path, n: int) -> Path:
+    """The same launches as binary records; pointers come from an allocation log."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from binenc import image, record, write_functions, write_meta
+
+    pid = folder / "pid1"
+    pid.mkdir(parents=True, exist_ok=True)
+    write_functions(pid, [{"func": hex(0x6000 + k), "module": k + 1, "sha256": "ab" * 32, "symbol": sym,
+                           "name": sym[4:-1], "layout": "kernel", "params_layout": LAYOUT}
+                          for k, sym in enumerate(SYMS)])
+    write_meta(pid)
+    base = 0x7F0000000000
+    (pid / "allocs.jsonl").write_text(json.dumps(
+        {"seq_before": 0, "order": 0, "t_ns": 0, "tid": 7, "dev": 0, "event": "alloc",
+         "api": "cuMemAlloc_v2", "base": hex(base), "size": 1 << 30, "id": 10, "result": 0}) + "\n")
+    rng = random.Random(1)
+    t = 10**9
+    with open(pid / "launches.bin", "wb") as fh:
+        for seq in range(n):
+            t += 3000 + rng.randrange(4000)
+            tok = 1 + (seq // 1000) % 512
+            vals = [(base + (seq % 97) * 4096 + i * 0x100000).to_bytes(8, "little") for i in range(3)]
+            vals += [tok.to_bytes(4, "little"), bytes.fromhex("0000803f"),
+                     tok.to_bytes(8, "little") + (base + 0x200000).to_bytes(8, "little") + bytes(8)]
+            fh.write(record(seq, t_ns=t, ctx=0x55AA, fn=seq % len(SYMS), grid=(tok, 1, 1), block=(256, 1, 1),
+                            blob=image(LAYOUT, vals)))
+    return pid
 
 
 def write_dump(folder: Path, n: int, compact: bool = False) -> Path:
@@ -111,6 +142,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--keep", type=Path)
     ap.add_argument("--compact", action="store_true", help="write the dump in the compact form")
+    ap.add_argument("--bin", action="store_true", help="write the dump as binary launch records")
     args = ap.parse_args()
     import pandas
     import pyarrow
@@ -119,15 +151,19 @@ def main() -> None:
           f"pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="mine-bench-"))
     pid = folder / "pid1"
-    if not (pid / "launches.jsonl").is_file():
+    name = "launches.bin" if args.bin else "launches.jsonl"
+    if not (pid / name).is_file():
         t = time.perf_counter()
-        write_dump(folder, args.launches, args.compact)
+        if args.bin:
+            write_bin_dump(folder, args.launches)
+        else:
+            write_dump(folder, args.launches, args.compact)
         print(f"wrote {args.launches} launches in {time.perf_counter() - t:.1f} s")
-    size = (pid / "launches.jsonl").stat().st_size
-    print(f"dump: {size / 1e6:.0f} MB of launches.jsonl" + (" (compact)" if args.compact else ""))
+    size = (pid / name).stat().st_size
+    print(f"dump: {size / 1e6:.0f} MB of {name}" + (" (compact)" if args.compact else ""))
     for run in range(1, args.runs + 1):
         shutil.rmtree(pid / ".mine-cache", ignore_errors=True)
-        for label in ("cold (JSON, writes cache)", "warm (parquet cache)"):
+        for label in (f"cold ({'binary' if args.bin else 'JSON'}, writes cache)", "warm (parquet cache)"):
             sec, rss, n, p = measure(pid)
             print(f"run {run} {label}: {sec:.2f} s, peak RSS {rss:.0f} MiB, {n} launches, "
                   f"{p} param rows (x{sec / LIMIT_S:.2f} of 10 s, x{rss / LIMIT_MIB:.2f} of 2 GB)")

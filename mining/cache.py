@@ -2,9 +2,10 @@
 
 Why: parsing the JSON is the slow part of a load (`mining/jsonl.py`); a second load of the same
 files reads the frames back from `<pid dir>/.mine-cache/` instead (lz4 parquet, plus the load's
-warnings as JSON). The key is the launch file's name, size and mtime, schema.FRAME_VERSION, and the
-size and mtime of allocs.jsonl and functions.jsonl when present (the frames depend on both);
-writing a new key removes the launch file's older entries.
+warnings as JSON). The key is the launch file's name (launches.jsonl or launches.bin, plain or
+compressed), size and mtime, schema.FRAME_VERSION, and the size and mtime of allocs.jsonl and
+functions.jsonl when present (the frames depend on both); writing a new key removes the launch
+file's older entries.
 
 Tolerant both ways: an entry that is missing, partial or unreadable is a miss (`read_cache` returns
 None); a folder that cannot be written (a read-only dump) is simply not cached.

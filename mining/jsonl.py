@@ -3,8 +3,9 @@
 Why: parsing up to millions of JSON lines is the expensive part of loading a dump, so it is done
 once, in parallel and without holding the data twice: the file is cut into complete-line chunks,
 each parsed by pyarrow's JSON reader on a worker thread and turned there into frame column parts
-(`mining/frames.py`), gathered in file order into the two frames. `mining/load.py` calls
-`read_frames` and owns the chunk size (`mining.load.CHUNK`), passed in as `chunk`.
+(`mining/frames.py`), gathered in file order into the two frames (`gather`, shared with the
+binary reader, mining/binload.py). `mining/load.py` calls `read_frames` and owns the chunk size
+(`mining.load.CHUNK`), passed in as `chunk`.
 
 The reader: only the keys the frames are built from are parsed (`frames.READ_SCHEMA`); compact
 launches (`fn`) are joined with functions.jsonl per chunk (`mining/functions.py`, `expand`). A chunk
@@ -141,11 +142,20 @@ def _drop_nuls(data, warnings: list[str]) -> bytes:
 def read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
                 fns: Functions | None = None, *, chunk: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The launch file -> (launches, params) frames; `chunk` bytes of JSON per parse task."""
+    size = src.stat().st_size
+    plain = not src.name.endswith((".xz", ".gz", ".zst"))
+    return gather(_chunks(src, warnings, chunk),
+                  lambda data: _parse_chunk(data, warnings, src, offline, fns),
+                  size if plain else 8 * size, src)
+
+
+def gather(tasks, parse, total: int, src: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs `parse(task) -> (input bytes, (launch parts, param parts) or None)` on worker threads,
+    at most `workers + 1` tasks in flight, and appends the parts in task order into the frames.
+    `total`: the input's bytes, to size the columns from the first part (also the binary reader's)."""
     from concurrent.futures import ThreadPoolExecutor
 
     workers = max(1, min(os.cpu_count() or 1, 8))
-    size = src.stat().st_size
-    plain = not src.name.endswith((".xz", ".gz", ".zst"))
     launches = Columns(schema.LAUNCH_COLUMNS)
     params = Columns(schema.PARAM_COLUMNS)
     done = 0  # input bytes whose parts have been appended
@@ -157,7 +167,6 @@ def read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
         if res is None:
             return
         if not launches.cap:   # first parsed chunk: size the columns for the whole file
-            total = size if plain else 8 * size
             launches.reserve(len(res[0]["seq"]) * total / done)
             params.reserve(len(res[1]["seq"]) * total / done)
         launches.append(res[0])
@@ -165,9 +174,9 @@ def read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
 
     pending: list = []
     with ThreadPoolExecutor(workers) as pool:
-        for data in _chunks(src, warnings, chunk):
-            pending.append(pool.submit(_parse_chunk, data, warnings, src, offline, fns))
-            del data
+        for task in tasks:
+            pending.append(pool.submit(parse, task))
+            del task
             while len(pending) > workers:
                 take(pending.pop(0))
         while pending:

@@ -10,7 +10,13 @@ meta.json, builds the modules frame and assembles the `Dump`. `CHUNK` (bytes of 
 task) is set here and passed down to the reader.
 
 Accepted paths: a `pid<N>/` folder, a whole dump folder (the pid with the most launches unless
-`pid=` picks one), or a bare `launches.jsonl` (plain, .gz, .xz or .zst).
+`pid=` picks one), or a bare `launches.jsonl` or `launches.bin` (plain, .gz, .xz or .zst).
+
+Binary launch records (`launches.bin`, MINE_CAPTURE_FORMAT=bin; `mining/binload.py`): read into
+the same frames as their compact JSON twin (always with functions.jsonl and, classify being 0,
+pointer columns from allocs.jsonl). A folder holding both launch files is read from
+launches.jsonl (e.g. after `python -m capture.binfmt` rewrote the binary file). Damaged records
+are skipped with one warning. The cache is keyed on launches.bin as on launches.jsonl.
 
 Damage is tolerated, not hidden: a truncated last line or unparsable lines are dropped and each
 drop is reported in `Dump.warnings`; missing cubins are flagged per module. NUL bytes (the mmap
@@ -48,6 +54,7 @@ import pandas as pd
 from mining import schema
 from mining.allocs import ALLOC_LOG, Offline, intervals, read_alloc_log
 from mining.archive import unpack
+from mining.binload import read_bin_frames
 from mining.cache import read_cache, write_cache
 from mining.errors import DumpError
 from mining.frames import hex_le_u64, hex_num_u64  # re-exported: tests import them from here
@@ -62,7 +69,8 @@ __all__ = ["ALLOC_LOG", "CHUNK", "LAUNCH_NAMES", "META_KEYS", "Dump", "DumpError
 META_KEYS = {"format_version", "pid", "ppid", "argv", "start_ns", "start_unix_ns",
              "driver_version", "cupti_version", "devices", "options", "counters", "end_ns",
              "disabled"}
-LAUNCH_NAMES = ("launches.jsonl", "launches.jsonl.gz", "launches.jsonl.xz", "launches.jsonl.zst")
+LAUNCH_NAMES = ("launches.jsonl", "launches.jsonl.gz", "launches.jsonl.xz", "launches.jsonl.zst",
+                "launches.bin", "launches.bin.gz", "launches.bin.xz", "launches.bin.zst")  # JSON first
 CHUNK = 16 << 20  # bytes of JSON per parse task (mining/jsonl.py; tests set it here)
 
 
@@ -116,7 +124,7 @@ def resolve(path: str | os.PathLike, pid: int | None = None) -> Path:
         return f
     cands = [d for d in pids if _launch_file(d) is not None]
     if not cands:
-        raise DumpError(f"{p}: neither a launches.jsonl nor pid<N>/ folders holding one")
+        raise DumpError(f"{p}: neither a launches.jsonl (or launches.bin) nor pid<N>/ folders holding one")
     return _launch_file(max(cands, key=_launch_count_hint))
 
 
@@ -190,7 +198,8 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
         fns = read_functions(folder / FUNCTIONS, warnings) if (folder / FUNCTIONS).is_file() else None
         no_fns = Functions(np.zeros(0, np.int64), {}, *(np.zeros(0, np.int64),) * 4) if fns is None else fns
         try:
-            launches, params = read_frames(src, warnings, offline, no_fns, chunk=CHUNK)
+            read = read_bin_frames if ".bin" in src.name else read_frames
+            launches, params = read(src, warnings, offline, no_fns, chunk=CHUNK)
         except DumpError:
             if sum(no_fns.missing):
                 raise DumpError(f"{src}: every launch names a function that {folder / FUNCTIONS} "
