@@ -9,6 +9,9 @@ Configurations (same binary, environment only):
   full <writer> pf<0|1> cls<0|1>
                 every launch recorded: MINE_CAPTURE_WRITER=write|mmap, MINE_CAPTURE_PREFAULT=0|1 (mmap
                 only), MINE_CAPTURE_CLASSIFY=0|1 (0: no pointer classification; diagnostic)
+  <writer>_alloclog_cls0[_compact]   allocation log + offline classification (+ compact records)
+  bin_<writer>[_pf<0|1>]              MINE_CAPTURE_FORMAT=bin (binary records, launches.bin)
+`--configs a,b,...` runs only those (and baseline).
 The launch loop runs every configuration `--repeats` times, interleaved; the model forward
 (examples/torch_forward.py --bench) runs baseline, filtered and every full configuration
 `--forward-repeats` times (baseline once more at the end, to see drift). Reports medians; the JSON
@@ -62,11 +65,17 @@ def full_configs(inj: dict) -> dict:
         out[f"{writer}_alloclog_cls0_compact"] = dict(off, MINE_CAPTURE_COMPACT="1")
     out["mmap_pf1_cls1_compact"] = dict(inj, MINE_CAPTURE_WRITER="mmap", MINE_CAPTURE_PREFAULT="1",
                                         MINE_CAPTURE_CLASSIFY="1", MINE_CAPTURE_COMPACT="1")
+    # binary launch records (implies compact, allocation log, no per-launch classification)
+    for writer, pf in (("write", "1"), ("mmap", "1"), ("mmap", "0")):
+        name = f"bin_{writer}" + (f"_pf{pf}" if writer == "mmap" else "")
+        out[name] = dict(inj, MINE_CAPTURE_FORMAT="bin", MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf)
     return out
 
 
 def dump_bytes(d: Path) -> int:
-    return sum(f.stat().st_size for f in d.rglob("launches.jsonl")) if d.exists() else 0
+    if not d.exists():
+        return 0
+    return sum(f.stat().st_size for f in [*d.rglob("launches.jsonl"), *d.rglob("launches.bin")])
 
 
 def main() -> None:
@@ -76,6 +85,7 @@ def main() -> None:
     ap.add_argument("--forwards", type=int, default=100)
     ap.add_argument("--forward-repeats", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--configs", help="comma-separated configuration names to run (baseline always runs)")
     args = ap.parse_args()
     lib = str(find_library())
     tmp = Path(tempfile.mkdtemp(prefix="mine-bench-"))
@@ -92,6 +102,12 @@ def main() -> None:
         "filtered": dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$"),
         **full_configs(inj),
     }
+    if args.configs:
+        want = {"baseline", *args.configs.split(",")}
+        unknown = want - set(configs)
+        if unknown:
+            sys.exit(f"unknown configuration(s) {sorted(unknown)}; known: {', '.join(configs)}")
+        configs = {k: v for k, v in configs.items() if k in want}
     report = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.node(),
@@ -117,6 +133,7 @@ def main() -> None:
             subprocess.run(["rm", "-rf", str(dump)])
     med = {k: statistics.median(v) for k, v in res.items()}
     report["loop"] = {"us_per_launch": med, "all": res,
+                      "spread_us": {k: round(max(v) - min(v), 3) for k, v in res.items()},
                       "added_us_per_launch": {k: round(med[k] - med["baseline"], 3) for k in med if k != "baseline"},
                       "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1)}
     save()

@@ -21,10 +21,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from capture import binfmt
 from capture import knobs as K
 
 PKG_DIR = Path(__file__).resolve().parent
 SYMBOL_RE = re.compile(r'"symbol":"((?:[^"\\]|\\.)*)"')
+FN_RE = re.compile(r'"fn":(\d+)')
 
 
 class CaptureInputError(ValueError):
@@ -110,6 +114,18 @@ def record_bytes(line: bytes) -> bytes:
     return line.rpartition(b"\0")[2] if b"\0" in line else line
 
 
+def _functions(path: Path) -> dict[int, tuple[str, str]]:
+    """functions.jsonl: function id -> (symbol, layout); damaged lines are skipped."""
+    out = {}
+    for raw in _lines(path):
+        try:
+            rec = json.loads(raw)
+            out[int(rec["fn"])] = (rec.get("symbol") or "", rec.get("layout") or "")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def summarize_process(folder: Path) -> ProcessSummary:
     meta = json.loads((folder / "meta.json").read_text())
     s = ProcessSummary(pid=meta["pid"], folder=folder, argv=meta.get("argv", []))
@@ -120,8 +136,18 @@ def summarize_process(folder: Path) -> ProcessSummary:
     s.cubins = len(cubins)
     s.cubin_bytes = sum(p.stat().st_size for p in cubins)
     symbols = set()
+    fns = _functions(folder / binfmt.FUNCTIONS)   # compact and binary forms: fn -> (symbol, layout)
     path = folder / "launches.jsonl"
-    if path.is_file():
+    if (folder / binfmt.LAUNCHES_BIN).is_file() and not path.is_file():
+        data = (folder / binfmt.LAUNCHES_BIN).read_bytes()
+        sc = binfmt.scan(data)
+        s.launches, s.truncated_lines = len(sc.offsets), sc.damaged
+        ids, counts = np.unique(binfmt.headers(data, sc.offsets)["fn"], return_counts=True)
+        for fn, n in zip(ids.tolist(), counts.tolist()):
+            sym, layout = fns.get(fn, (None, None))
+            symbols.add(sym or f"fn{fn}")
+            s.no_layout += n if layout == "none" else 0
+    elif path.is_file():
         data = path.read_bytes()
         if data.rstrip(b"\0") and not data.rstrip(b"\0").endswith(b"\n"):
             s.truncated_lines = 1
@@ -134,6 +160,10 @@ def summarize_process(folder: Path) -> ProcessSummary:
             m = SYMBOL_RE.search(line)
             if m:
                 symbols.add(m.group(1))
+            elif (f := FN_RE.search(line)) and int(f.group(1)) in fns:
+                sym, layout = fns[int(f.group(1))]
+                symbols.add(sym)
+                s.no_layout += layout == "none"
             if '"layout":"none"' in line:
                 s.no_layout += 1
     s.kernels = len(symbols)
@@ -199,4 +229,4 @@ def render(summaries: list[ProcessSummary], console=None) -> None:
         if s.disabled:
             console.print(f"pid {s.pid}: capture turned itself off: {s.disabled}")
         if s.truncated_lines:
-            console.print(f"pid {s.pid}: last line of launches.jsonl is incomplete (process killed).")
+            console.print(f"pid {s.pid}: {s.truncated_lines} launch record(s) incomplete (process killed).")

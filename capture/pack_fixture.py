@@ -2,8 +2,8 @@
 
     python -m capture.pack_fixture DUMP OUT.tar.xz [--max-launches 3000] [--max-cubin-bytes 2000000]
 
-Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl and the first launches of each
-process, and the cubins those launches use (most-launched first, each under --max-cubin, all under
+Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl, allocs.jsonl, functions.jsonl and
+the first launches of each process (launches.jsonl lines, or launches.bin records), and the cubins those launches use (most-launched first, each under --max-cubin, all under
 --max-cubin-bytes). Drops the cubin files of NVIDIA's closed libraries (modules whose entries look
 like cuBLAS/cuBLASLt/cuDNN/NCCL kernels), modules no kept launch uses, and any cubin past the
 budgets; their records keep sha256 and symbols, so tests can still follow the links.
@@ -18,8 +18,24 @@ import re
 import tarfile
 from pathlib import Path
 
+import numpy as np
+
+from capture import binfmt
+
 CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|splitKreduce|cudnn|nccl|"
                     r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)
+
+
+def _function_cubins(path: Path) -> dict:
+    """functions.jsonl (compact and binary forms): function id -> its cubin's sha256."""
+    out = {}
+    for line in path.read_bytes().splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(line.rpartition(b"\0")[2])
+            out[int(rec["fn"])] = rec.get("sha256")
+        except (ValueError, KeyError, TypeError):
+            continue  # a damaged line: its launches keep no cubin
+    return out
 
 
 def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000) -> dict:
@@ -34,15 +50,30 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
 
         for proc in sorted(dump.glob("pid*")):
             rel = proc.name
-            for name in ("meta.json", "modules.jsonl", "graphs.jsonl", "tensormaps.jsonl"):
+            for name in ("meta.json", "modules.jsonl", "graphs.jsonl", "tensormaps.jsonl", "allocs.jsonl",
+                         "functions.jsonl"):
                 if (proc / name).is_file():
                     add_bytes(f"{rel}/{name}", (proc / name).read_bytes())
-            lines = (proc / "launches.jsonl").read_bytes().splitlines(keepends=True) \
-                if (proc / "launches.jsonl").is_file() else []
-            # a killed process's mmap-written file: NUL runs before a record, NUL tail (dump-format.md)
-            lines = [x.rpartition(b"\0")[2] for x in lines]
-            lines = [x for x in lines if x.endswith(b"\n") and x.strip()]
-            add_bytes(f"{rel}/launches.jsonl", b"".join(lines[:max_launches]))
+            fn_sha = _function_cubins(proc / "functions.jsonl")
+            uses: dict[str, int] = {}
+            if (proc / binfmt.LAUNCHES_BIN).is_file():
+                data = (proc / binfmt.LAUNCHES_BIN).read_bytes()
+                offs = binfmt.scan(data).offsets
+                ends = offs + np.frombuffer(data, np.uint8)[:len(data) - len(data) % 8].view("<u4")[offs // 4]
+                cut = int(ends[min(max_launches, len(offs)) - 1]) if len(offs) else 0
+                add_bytes(f"{rel}/{binfmt.LAUNCHES_BIN}", data[:cut])
+                for fn in binfmt.headers(data, offs[:max_launches])["fn"].tolist():
+                    if fn_sha.get(fn):
+                        uses[fn_sha[fn]] = uses.get(fn_sha[fn], 0) + 1
+                lines = []
+            else:
+                lines = (proc / "launches.jsonl").read_bytes().splitlines(keepends=True) \
+                    if (proc / "launches.jsonl").is_file() else []
+                # a killed process's mmap-written file: NUL runs before a record, NUL tail (dump-format.md)
+                lines = [x.rpartition(b"\0")[2] for x in lines]
+                lines = [x for x in lines if x.endswith(b"\n") and x.strip()]
+                lines = lines[:max_launches]
+                add_bytes(f"{rel}/launches.jsonl", b"".join(lines))
             closed, no_entries = set(), set()
             for line in (proc / "modules.jsonl").read_text().splitlines() if (proc / "modules.jsonl").is_file() else []:
                 rec = json.loads(line)
@@ -52,12 +83,12 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                     closed.add(rec["sha256"])
             # Cubins the launches use come first, most-launched first: a fixture is for the kernels
             # that ran, not for every module the process happened to load.
-            uses: dict[str, int] = {}
             for line in lines:
                 try:
-                    sha = json.loads(line).get("sha256")
+                    rec = json.loads(line)
                 except ValueError:
                     continue  # the torn last record of a killed process: readers drop it too
+                sha = rec.get("sha256") or fn_sha.get(rec.get("fn"))  # compact records name a function
                 if sha:
                     uses[sha] = uses.get(sha, 0) + 1
             cubins = sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []

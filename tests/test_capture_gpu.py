@@ -4,6 +4,12 @@ The probe (examples/capture_probe) writes what it launched; every recorded launc
 launched one byte for byte (and the other way round), with pointer words, host pointees, TMA
 maps, cluster dims, graph membership and the launch -> module link right. Set MINE_GPU_DUMPS to
 keep the dumps there (they become the committed fixtures).
+
+Every test runs twice: with the default JSON records and with `--format bin` (launches.bin,
+docs/dump-format.md "Binary launch records"). In the binary form the records are decoded with
+`capture.binfmt`, joined with functions.jsonl, and their pointer words come from the offline
+classification of allocs.jsonl (`mining.load_dump`), so the same assertions check the binary
+capture end to end; tensor-map links are not made in that form (checked by content instead).
 """
 
 from __future__ import annotations
@@ -30,6 +36,37 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in lines if x.strip()]
 
 
+FORMATS = ["json", "bin"]
+
+
+def _default_form(rec: dict, fns: dict) -> dict:
+    """A compact launch record (fn) with its function's keys and its params' off/size put back."""
+    f = fns[rec.pop("fn")]
+    lay = {i: (off, size) for i, off, size in f["params_layout"]}
+    rec.update({k: f[k] for k in ("handle", "func", "module", "sha256", "symbol", "name", "attrs", "layout")})
+    for p in rec["params"]:
+        p["off"], p["size"] = lay[p["i"]]
+    return rec
+
+
+def _bin_launches(d: Path) -> list[dict]:
+    from capture import binfmt
+    from mining.load import load_dump
+
+    fns = {f["fn"]: f for f in _jsonl(d / "functions.jsonl")}
+    recs = [_default_form(r, fns) for r in binfmt.decode_records(d)]
+    params = load_dump(d, cache=False).params
+    ptr = params[params["is_ptr"]]
+    words: dict = {}
+    for seq, i, at, base, off in zip(ptr["seq"], ptr["i"], ptr["at"], ptr["alloc_base"], ptr["ptr_off"]):
+        words.setdefault((int(seq), int(i)), []).append({"at": int(at), "base": hex(int(base)), "off": int(off)})
+    for r in recs:
+        for p in r["params"]:
+            if (r["seq"], p["i"]) in words:
+                p["ptrs"] = words[(r["seq"], p["i"])]
+    return recs
+
+
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Path:
     keep = os.environ.get("MINE_GPU_DUMPS")
@@ -38,12 +75,14 @@ def dumps(tmp_path_factory) -> Path:
     return base
 
 
-@pytest.fixture(scope="module")
-def probe(dumps):
+@pytest.fixture(scope="module", params=FORMATS)
+def probe(dumps, request):
     build = dumps / "probe_build"
-    subprocess.run([str(ROOT / "examples" / "capture_probe" / "build.sh"), str(build)], check=True)
-    dump, gt = dumps / "probe", dumps / "probe_truth.json"
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--",
+    if not (build / "probe").is_file():
+        subprocess.run([str(ROOT / "examples" / "capture_probe" / "build.sh"), str(build)], check=True)
+    sfx = "" if request.param == "json" else "_bin"
+    dump, gt = dumps / f"probe{sfx}", dumps / f"probe{sfx}_truth.json"
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--format", request.param, "--",
                         str(build / "probe"), str(build / "probe_mod.cubin"), str(gt)],
                        cwd=ROOT, capture_output=True, text=True)
     print(r.stdout, r.stderr)
@@ -55,7 +94,8 @@ def probe(dumps):
 
 def _proc(dump: Path, pid: int) -> dict:
     d = dump / f"pid{pid}"
-    return {"meta": json.loads((d / "meta.json").read_text()), "launches": _jsonl(d / "launches.jsonl"),
+    launches = _bin_launches(d) if (d / "launches.bin").is_file() else _jsonl(d / "launches.jsonl")
+    return {"meta": json.loads((d / "meta.json").read_text()), "launches": launches,
             "modules": _jsonl(d / "modules.jsonl"), "graphs": _jsonl(d / "graphs.jsonl"),
             "tmaps": _jsonl(d / "tensormaps.jsonl"), "dir": d}
 
@@ -83,6 +123,10 @@ def _match(truth_launches, recorded, tmaps):
                 got = {h["at"]: h for h in rp.get("host", [])}
                 assert got[want["at"]]["hex"] == want["hex"], t["tag"]
             for want in tp.get("tmap", []):
+                if "tmap" not in rp:   # binary form: the map is found by its 128 bytes
+                    enc = [m for m in tmaps if m["hex"] == rp["hex"][2 * want["at"]:2 * want["at"] + 256]]
+                    assert enc and enc[-1]["global"] == want["global"], t["tag"]
+                    continue
                 got = {m["at"]: m for m in rp.get("tmap", [])}
                 enc = tmaps[got[want["at"]]["encode"]]
                 assert enc["global"] == want["global"] and enc["hex"] == tp["hex"][:256]
@@ -148,11 +192,11 @@ def test_probe_threads_fork_and_meta(probe):
     assert {d.name for d in dump.iterdir()} == {f"pid{truth['pid']}", f"pid{child['pid']}"}
 
 
-@pytest.fixture(scope="module")
-def torch_dump(dumps):
+@pytest.fixture(scope="module", params=FORMATS)
+def torch_dump(dumps, request):
     pytest.importorskip("torch")
-    dump = dumps / "torch"
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--",
+    dump = dumps / ("torch" if request.param == "json" else "torch_bin")
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--format", request.param, "--",
                         sys.executable, str(ROOT / "examples" / "torch_forward.py")],
                        cwd=ROOT, capture_output=True, text=True)
     print(r.stdout, r.stderr)
