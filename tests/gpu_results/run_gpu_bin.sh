@@ -9,7 +9,9 @@
 # 4. fixtures of the binary dumps; 5. the overhead matrix (launch loop + torch forward).
 set -o pipefail
 out=${1:?usage: run_gpu_bin.sh OUT_DIR}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# wheels the image lacks (pyelftools), when carried in .whl/
+ls .whl/*.whl > /dev/null 2>&1 && python -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } > "$out/machine.txt"
 pip install --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; exit 1; }
 export MINE_GPU_DUMPS=/tmp/gd
