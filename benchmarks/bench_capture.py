@@ -5,6 +5,8 @@
 Configurations (same binary, environment only):
   baseline      no injection
   modules_only  injected, MINE_CAPTURE_MODULES_ONLY=1 (no launch callbacks at all)
+  noop          injected, MINE_CAPTURE_NOOP=1: CUPTI calls our callback, which returns at once
+                (CUPTI's own cost per launch: the floor no capture through CUPTI callbacks can beat)
   filtered      injected, MINE_CAPTURE_INCLUDE matches nothing: CUPTI callback + layout-cache hit
   full <writer> pf<0|1> cls<0|1>
                 every launch recorded: MINE_CAPTURE_WRITER=write|mmap, MINE_CAPTURE_PREFAULT=0|1 (mmap
@@ -43,8 +45,11 @@ def nvcc() -> str:
     return str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
 
 
+PIN: list[str] = []
+
+
 def run_json(cmd, env) -> dict:
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([*PIN, *cmd], env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -72,6 +77,21 @@ def full_configs(inj: dict) -> dict:
     return out
 
 
+def _paired_ratio(f_res: dict) -> dict:
+    """Per repeat: eager time / the mean of that repeat's two baseline runs (first and last of the
+    repeat); the median over repeats. Process-to-process drift cancels as far as it is slow."""
+    base = [x["eager_us_per_forward"] for x in f_res["baseline"]]
+    pairs = [(base[2 * r] + base[2 * r + 1]) / 2 for r in range(len(base) // 2)]
+    out = {}
+    for c, runs in f_res.items():
+        if c == "baseline":
+            continue
+        rs = [x["eager_us_per_forward"] / pairs[r] for r, x in enumerate(runs) if r < len(pairs)]
+        if rs:
+            out[c] = {"median": round(statistics.median(rs), 3), "all": [round(x, 3) for x in rs]}
+    return out
+
+
 def dump_bytes(d: Path) -> int:
     if not d.exists():
         return 0
@@ -86,7 +106,10 @@ def main() -> None:
     ap.add_argument("--forward-repeats", type=int, default=1)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--configs", help="comma-separated configuration names to run (baseline always runs)")
+    ap.add_argument("--pin", help="run every process under `taskset -c PIN` (less scheduler noise)")
     args = ap.parse_args()
+    if args.pin:
+        PIN[:] = ["taskset", "-c", args.pin]
     lib = str(find_library())
     tmp = Path(tempfile.mkdtemp(prefix="mine-bench-"))
     exe = tmp / "bench_launch"
@@ -99,6 +122,7 @@ def main() -> None:
     configs = {
         "baseline": base_env,
         "modules_only": dict(inj, MINE_CAPTURE_MODULES_ONLY="1"),
+        "noop": dict(inj, MINE_CAPTURE_NOOP="1"),
         "filtered": dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$"),
         **full_configs(inj),
     }
@@ -132,7 +156,12 @@ def main() -> None:
             rec_bytes[name] = dump_bytes(dump)
             subprocess.run(["rm", "-rf", str(dump)])
     med = {k: statistics.median(v) for k, v in res.items()}
+    # paired: each repeat ran every configuration once, so drift between repeats cancels in
+    # config - baseline of the same repeat; the median of those is the number to read
+    paired = {k: sorted(round(a - b, 3) for a, b in zip(v, res["baseline"])) for k, v in res.items() if k != "baseline"}
     report["loop"] = {"us_per_launch": med, "all": res,
+                      "paired_added_us": {k: statistics.median(v) for k, v in paired.items()},
+                      "paired_all": paired,
                       "spread_us": {k: round(max(v) - min(v), 3) for k, v in res.items()},
                       "added_us_per_launch": {k: round(med[k] - med["baseline"], 3) for k in med if k != "baseline"},
                       "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1)}
@@ -159,6 +188,7 @@ def main() -> None:
                 report["forward"] = {
                     "us": fw, "all_eager": {c: [r["eager_us_per_forward"] for r in runs] for c, runs in f_res.items()},
                     "ratio_eager": {c: round(v["eager_us_per_forward"] / b["eager_us_per_forward"], 3) for c, v in fw.items()},
+                    "paired_ratio_eager": _paired_ratio(f_res),
                     "ratio_graph": {c: round(v["graph_us_per_forward"] / b["graph_us_per_forward"], 3) for c, v in fw.items()},
                     "launches_jsonl_bytes": f_bytes, "seconds_per_process": f_sec,
                     "seconds": round(time.monotonic() - t0, 1)}

@@ -52,6 +52,9 @@ KNOBS: tuple[Knob, ...] = (
          "once to functions.jsonl and let launch records carry \"fn\": id and params without off/size "
          "(smaller records; mining.load rebuilds the same frames; docs/dump-format.md)",
          "bool"),
+    Knob("MINE_CAPTURE_NOOP", "0",
+         "1 = every driver-API callback returns at once: CUPTI's own cost per launch, nothing recorded "
+         "(diagnostic, for benchmarks/bench_capture.py)", "bool"),
     Knob("MINE_CAPTURE_FORMAT", "json",
          "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
          "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "

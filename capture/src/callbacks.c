@@ -385,7 +385,7 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
     }
     return;
   }
-  if (dom != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  if (dom != CUPTI_CB_DOMAIN_DRIVER_API || mc_knobs.noop) return;
   const CUpti_CallbackData *d = cbdata;
   if (tl_in_cb) return;
   if (d->callbackSite != CUPTI_API_EXIT) {

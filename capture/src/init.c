@@ -140,6 +140,7 @@ static void read_knobs(void) {
   mc_knobs.no_classify = env_u64("MINE_CAPTURE_CLASSIFY", 1) == 0;
   mc_knobs.alloc_log = env_u64("MINE_CAPTURE_ALLOC_LOG", 0) != 0;
   mc_knobs.compact = env_u64("MINE_CAPTURE_COMPACT", 0) != 0;
+  mc_knobs.noop = env_u64("MINE_CAPTURE_NOOP", 0) != 0;
   const char *fmt = getenv("MINE_CAPTURE_FORMAT");
   if (fmt && *fmt && strcmp(fmt, "json") != 0) {
     if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
@@ -256,6 +257,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"alloc_log\":"); jb_u64(&b, (uint64_t)mc_knobs.alloc_log);
   if (mc_knobs.compact) jb_lit(&b, ",\"compact\":1"); /* absent by default: default meta.json unchanged */
   if (mc_knobs.bin) jb_lit(&b, ",\"format\":\"bin\"");
+  if (mc_knobs.noop) jb_lit(&b, ",\"noop\":1");
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);

@@ -79,6 +79,8 @@ typedef struct {
                                 allocs.jsonl (alloc.c), for offline pointer classification */
   int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
                                 launches carry "fn" (record.c) */
+  int noop;                  /* MINE_CAPTURE_NOOP=1: the driver-API callback returns at once
+                                (diagnostic: CUPTI's own cost per launch, nothing recorded) */
   int bin;                   /* MINE_CAPTURE_FORMAT=bin: launches.bin records (record.c); implies
                                 compact, alloc_log and no_classify */
 } mc_knobs_t;
