@@ -167,6 +167,9 @@ def main() -> None:
                       "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1)}
     save()
 
+    if args.forwards <= 0:   # loop only
+        print(save())
+        return
     fwd = ROOT / "examples" / "torch_forward.py"
     t0 = time.monotonic()
     order = [k for k in configs if k != "modules_only"]
