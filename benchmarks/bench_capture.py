@@ -13,6 +13,8 @@ Configurations (same binary, environment only):
                 only), MINE_CAPTURE_CLASSIFY=0|1 (0: no pointer classification; diagnostic)
   <writer>_alloclog_cls0[_compact]   allocation log + offline classification (+ compact records)
   bin_<writer>[_pf<0|1>]              MINE_CAPTURE_FORMAT=bin (binary records, launches.bin)
+  <name>_self                         that configuration with MINE_CAPTURE_SELFTIME=1: also reports the ns
+                                      per launch spent inside the recording code (meta.json counters)
 `--configs a,b,...` runs only those (and baseline).
 The launch loop runs every configuration `--repeats` times, interleaved; the model forward
 (examples/torch_forward.py --bench) runs baseline, filtered and every full configuration
@@ -74,7 +76,19 @@ def full_configs(inj: dict) -> dict:
     for writer, pf in (("write", "1"), ("mmap", "1"), ("mmap", "0")):
         name = f"bin_{writer}" + (f"_pf{pf}" if writer == "mmap" else "")
         out[name] = dict(inj, MINE_CAPTURE_FORMAT="bin", MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf)
+    for name in ("filtered", "write_cls1", "bin_mmap_pf1"):   # + time spent inside on_launch
+        base = out.get(name) or dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$")
+        out[f"{name}_self"] = dict(base, MINE_CAPTURE_SELFTIME="1")
     return out
+
+
+def self_ns(d: Path) -> float | None:
+    """ns per launch spent inside the recording code (MINE_CAPTURE_SELFTIME=1 configurations)."""
+    for meta in d.glob("pid*/meta.json") if d.exists() else []:
+        c = json.loads(meta.read_text()).get("counters") or {}
+        if c.get("self_launches"):
+            return round(c["self_ns"] / c["self_launches"], 1)
+    return None
 
 
 def _paired_ratio(f_res: dict) -> dict:
@@ -150,10 +164,13 @@ def main() -> None:
     t0 = time.monotonic()
     res = {name: [] for name in configs}
     rec_bytes = {}
+    self_time: dict[str, list] = {}
     for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
         for name, env in configs.items():
             res[name].append(run_json([str(exe), str(args.launches)], env)["us_per_launch"])
             rec_bytes[name] = dump_bytes(dump)
+            if (ns := self_ns(dump)) is not None:
+                self_time.setdefault(name, []).append(ns)
             subprocess.run(["rm", "-rf", str(dump)])
     med = {k: statistics.median(v) for k, v in res.items()}
     # paired: each repeat ran every configuration once, so drift between repeats cancels in
@@ -164,7 +181,8 @@ def main() -> None:
                       "paired_all": paired,
                       "spread_us": {k: round(max(v) - min(v), 3) for k, v in res.items()},
                       "added_us_per_launch": {k: round(med[k] - med["baseline"], 3) for k in med if k != "baseline"},
-                      "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1)}
+                      "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1),
+                      "self_ns_per_launch": {k: statistics.median(v) for k, v in self_time.items()}}
     save()
 
     if args.forwards <= 0:   # loop only

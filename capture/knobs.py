@@ -55,6 +55,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_NOOP", "0",
          "1 = every driver-API callback returns at once: CUPTI's own cost per launch, nothing recorded "
          "(diagnostic, for benchmarks/bench_capture.py)", "bool"),
+    Knob("MINE_CAPTURE_SELFTIME", "0",
+         "1 = time the recording of each launch inside the callback; meta.json counters self_ns and "
+         "self_launches (diagnostic, for benchmarks/bench_capture.py)", "bool"),
     Knob("MINE_CAPTURE_FORMAT", "json",
          "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
          "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "

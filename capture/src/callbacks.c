@@ -398,7 +398,12 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
-    on_launch(cbid, d);
+    if (mc_knobs.selftime) {
+      uint64_t t0 = mc_now_ns();
+      on_launch(cbid, d);
+      atomic_fetch_add_explicit(&mc_cnt.self_ns, mc_now_ns() - t0, memory_order_relaxed);
+      atomic_fetch_add_explicit(&mc_cnt.self_launches, 1, memory_order_relaxed);
+    } else on_launch(cbid, d);
     break;
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoad: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData:
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadDataEx: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadFatBinary:

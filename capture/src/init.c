@@ -141,6 +141,7 @@ static void read_knobs(void) {
   mc_knobs.alloc_log = env_u64("MINE_CAPTURE_ALLOC_LOG", 0) != 0;
   mc_knobs.compact = env_u64("MINE_CAPTURE_COMPACT", 0) != 0;
   mc_knobs.noop = env_u64("MINE_CAPTURE_NOOP", 0) != 0;
+  mc_knobs.selftime = env_u64("MINE_CAPTURE_SELFTIME", 0) != 0;
   const char *fmt = getenv("MINE_CAPTURE_FORMAT");
   if (fmt && *fmt && strcmp(fmt, "json") != 0) {
     if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
@@ -266,6 +267,10 @@ void mc_meta_write(int final) {
     jb_lit(&b, ",\"cubin_bytes\":"); jb_u64(&b, mc_cnt.cubin_bytes);
     jb_lit(&b, ",\"no_layout\":"); jb_u64(&b, mc_cnt.no_layout);
     if (mc_knobs.compact) { jb_lit(&b, ",\"functions\":"); jb_u64(&b, mc_cnt.functions); }
+    if (mc_knobs.selftime) {
+      jb_lit(&b, ",\"self_ns\":"); jb_u64(&b, mc_cnt.self_ns);
+      jb_lit(&b, ",\"self_launches\":"); jb_u64(&b, mc_cnt.self_launches);
+    }
     if (mc_knobs.alloc_log) {
       jb_lit(&b, ",\"alloc_events\":"); jb_u64(&b, mc_cnt.alloc_events);
       jb_lit(&b, ",\"alloc_dropped\":"); jb_u64(&b, mc_cnt.alloc_dropped);

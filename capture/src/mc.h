@@ -79,6 +79,8 @@ typedef struct {
                                 allocs.jsonl (alloc.c), for offline pointer classification */
   int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
                                 launches carry "fn" (record.c) */
+  int selftime;              /* MINE_CAPTURE_SELFTIME=1: time spent recording each launch (on_launch)
+                                summed in counters.self_ns / self_launches (diagnostic) */
   int noop;                  /* MINE_CAPTURE_NOOP=1: the driver-API callback returns at once
                                 (diagnostic: CUPTI's own cost per launch, nothing recorded) */
   int bin;                   /* MINE_CAPTURE_FORMAT=bin: launches.bin records (record.c); implies
@@ -99,6 +101,7 @@ typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
   atomic_ullong alloc_events, alloc_dropped; /* allocs.jsonl records written / not written */
   atomic_ullong functions;                   /* functions.jsonl records written (compact) */
+  atomic_ullong self_ns, self_launches;      /* MINE_CAPTURE_SELFTIME=1 */
   atomic_ullong dropped[MC_DROP_COUNT];
   atomic_ullong errors[MC_FN_COUNT];
 } mc_counters_t;
