@@ -275,3 +275,43 @@ def test_record_sizes_and_cost(harness, tmp_path):
     for k, v in out.items():
         print(f"  {k}: {v:.1f}")
     assert out["bin_bytes"] < out["json_compact_bytes"]
+
+
+# ------------------------------------------------------------------ the real probe, binary form
+def test_real_probe_capture_matches_what_was_launched(tmp_path):
+    """The H200 capture of examples/capture_probe in the binary form (tests/gpu_results/run_gpu_bin.sh):
+    every launch the probe made (its own truth file) is one recorded launch, byte for byte, and
+    every pointer word the probe knows is classified offline at its allocation's base + offset."""
+    import tarfile
+
+    from mining.load import load_dump
+
+    fix = Path(__file__).resolve().parent / "fixtures" / "capture"
+    with tarfile.open(fix / "probe_bin.tar.xz") as t:
+        t.extractall(tmp_path)
+    with tarfile.open(fix / "truth_bin.tar.xz") as t:
+        truth = json.load(t.extractfile("probe_bin_truth.json"))
+        child = json.load(t.extractfile("probe_bin_truth.json.child.json"))
+    for who in (truth, child):
+        d = tmp_path / f"pid{who['pid']}"
+        fns = {f["fn"]: f for f in _lines(d / "functions.jsonl")}
+        recs = binfmt.decode_records(d)
+        params = load_dump(d, cache=False).params
+        ptr = params[params["is_ptr"]]
+        words = {(int(s), int(i), int(a)): (int(b), int(o))
+                 for s, i, a, b, o in zip(ptr["seq"], ptr["i"], ptr["at"], ptr["alloc_base"], ptr["ptr_off"])}
+        pool = [(fns[r["fn"]]["symbol"], [p["hex"] for p in r["params"]], r) for r in recs]
+        for t in who["launches"]:
+            hexes = [p["hex"] for p in t["params"]]
+            hit = next((x for x in pool if x[0] == t["symbol"] and x[1] == hexes), None)
+            assert hit is not None, (t["tag"], t["symbol"])
+            pool.remove(hit)
+            r = hit[2]
+            assert r["packing"] == t["packing"] and (r["graph"] is not None) == t["graph"], t["tag"]
+            for i, tp in enumerate(t["params"]):
+                for w in tp.get("ptrs", []):
+                    assert words[(r["seq"], i, w["at"])] == (int(w["base"], 16), w["off"]), (t["tag"], w)
+                for h in tp.get("host", []):
+                    got = {x["at"]: x for x in r["params"][i].get("host", [])}
+                    assert got[h["at"]]["hex"] == h["hex"], t["tag"]
+        assert pool == [], [x[0] for x in pool]

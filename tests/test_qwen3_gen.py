@@ -126,6 +126,19 @@ def test_real_capture_verifies_and_fits_its_cubins(tmp_path):
     assert (tmp_path / "qwen3.json").read_bytes() == (ROOT / "manifests/qwen3/qwen3.json").read_bytes()
 
 
+def test_binary_capture_gives_the_same_manifest(tmp_path):
+    """The same workload captured again in the binary form (launches.bin): the generated manifest
+    is the committed one, except the capture's pid in its `model` label."""
+    bin_dump = ROOT / "tests/fixtures/vllm/vllm-offline-bin.tar.xz"
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(bin_dump), "--config",
+                        str(CONFIG), "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "qwen3.json").read_text())
+    want = json.loads((ROOT / "manifests/qwen3/qwen3.json").read_text())
+    assert got.pop("model").replace("pid2047", "PID") == want.pop("model").replace("pid600", "PID")
+    assert got == want
+
+
 def _headers_only_checkpoint(folder: Path, cfg, drop: str | None = None) -> Path:
     """A safetensors file with the Qwen3 tensor names and shapes in its header and no weights."""
     H, D, I = cfg.hidden, cfg.head_dim, cfg.inter
