@@ -1,6 +1,8 @@
 """`mine capture [OPTIONS] -- CMD ARGS...`: run CMD with the capture library injected.
 
-A thin layer over `capture.launcher`; the exit code is CMD's. Bad input (no `--`, no command,
+A thin layer over `capture.launcher`; the exit code is CMD's. Defaults: binary launch records
+through the mmap writer, the cheapest capture measured on the H200 (docs/benchmarks.md, "Capture
+overhead"); the library's own defaults (a bare CUDA_INJECTION64_PATH) stay json + write. Bad input (no `--`, no command,
 command not found, output folder that is a file) is one sentence and exit code 2.
 """
 
@@ -22,9 +24,10 @@ def capture(
     skip: int = typer.Option(None, min=0, help="do not record the first N launches"),
     modules_only: bool = typer.Option(False, "--modules-only", help="record modules and cubins, no launches"),
     host_bytes: int = typer.Option(None, min=0, max=4096, help="bytes copied from a host pointee (64)"),
-    fmt: str = typer.Option(None, "--format", help="launch records: json (launches.jsonl) or bin (launches.bin, "
-                            "lowest overhead; docs/dump-format.md)"),
-    writer: str = typer.Option(None, help="write (one write(2) per record) or mmap (no system call per launch)"),
+    fmt: str = typer.Option("bin", "--format", help="launch records: bin (launches.bin: fixed binary records, "
+                            "pointers classified offline from the allocation log; lowest overhead) or json "
+                            "(launches.jsonl; docs/dump-format.md)"),
+    writer: str = typer.Option("mmap", help="mmap (no system call per launch) or write (one write(2) per record)"),
 ) -> None:
     """Run CMD with every cubin and kernel launch recorded.
 
