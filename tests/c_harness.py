@@ -14,6 +14,43 @@ from capture import build_support
 
 SRC = Path(__file__).resolve().parent.parent / "capture" / "src"
 
+# What every harness starts with: the headers, the library's globals that init.c would define, and
+# the stand-ins for init.c's functions the files under test call (disable, meta.json).
+PRELUDE = r"""
+#include "mc.h"
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+mc_knobs_t mc_knobs; mc_counters_t mc_cnt; atomic_int mc_off; int mc_pid;
+void mc_disable(const char *fmt, ...) {
+  int z = 0;
+  if (!atomic_compare_exchange_strong(&mc_off, &z, 1)) return;
+  va_list ap; va_start(ap, fmt); vfprintf(stderr, fmt, ap); fputc('\n', stderr); va_end(ap);
+}
+void mc_meta_write(int final) { (void)final; }
+
+/* The cost of one record: one(i) for i < n, timed alone, calls 3 us apart (as launches come);
+ * prints {"ns_per_record": ...} after sealing the files. */
+__attribute__((unused)) static void bench_spaced(void (*one)(long), long n) {
+  struct timespec a, z;
+  double ns = 0;
+  for (long i = 0; i < n; i++) {
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    one(i);
+    clock_gettime(CLOCK_MONOTONIC, &z);
+    ns += (z.tv_sec - a.tv_sec) * 1e9 + (z.tv_nsec - a.tv_nsec);
+    do clock_gettime(CLOCK_MONOTONIC, &a); while ((a.tv_sec - z.tv_sec) * 1e9 + (a.tv_nsec - z.tv_nsec) < 3000);
+  }
+  mc_files_finalize();
+  printf("{\"ns_per_record\":%.1f}\n", ns / n);
+}
+"""
+
 
 def build(folder: Path, harness: str, *sources: str) -> Path:
     """Compile `harness` (C text) with capture/src/<sources> into folder/harness; its path."""

@@ -25,25 +25,10 @@ import pytest
 import c_harness
 from capture import binfmt
 
-HARNESS = r"""
-#include "mc.h"
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-
-mc_knobs_t mc_knobs; mc_counters_t mc_cnt; atomic_int mc_off; int mc_pid; mc_driver_t mc_drv;
+HARNESS = c_harness.PRELUDE + r"""
+mc_driver_t mc_drv;
 atomic_uint mc_free_epoch, mc_alloc_epoch;
-void mc_disable(const char *fmt, ...) {
-  int z = 0;
-  if (!atomic_compare_exchange_strong(&mc_off, &z, 1)) return;
-  va_list ap; va_start(ap, fmt); vfprintf(stderr, fmt, ap); fputc('\n', stderr); va_end(ap);
-}
 void mc_note_error(int fn, int code, int fatal) { (void)fn; (void)code; if (fatal) mc_disable("fatal"); }
-void mc_meta_write(int final) { (void)final; }
 int mc_tid(void) { return 7; }
 int mc_ctx_device(CUcontext c) { (void)c; return 0; }
 uint64_t mc_now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }
@@ -123,6 +108,7 @@ static int64_t launch(const mc_entry_t *e, int k, long t, long i) {
 
 static long per_thread;
 static int bench_k0 = 3;
+static void bench_one(long i) { int k = bench_k0 + (int)(i % 3); launch(&ents[k], k, 0, i); }
 static void *worker(void *arg) {
   long t = (long)arg;
   for (long i = 0; i < per_thread; i++) launch(&ents[(i + t) % NF], (int)((i + t) % NF), t, i);
@@ -145,18 +131,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < n; i++) launch(&ents[i % NF], (int)(i % NF), 0, i);
   } else if (strcmp(mode, "bench") == 0 || strcmp(mode, "bench_nohost") == 0) {   /* records 3 us apart */
     if (mode[5]) bench_k0 = 4;            /* functions 4-6: no host pointee */
-    struct timespec a, z;
-    double ns = 0;
-    for (long i = 0; i < n; i++) {
-      int k = bench_k0 + (int)(i % 3);
-      clock_gettime(CLOCK_MONOTONIC, &a);
-      launch(&ents[k], k, 0, i);
-      clock_gettime(CLOCK_MONOTONIC, &z);
-      ns += (z.tv_sec - a.tv_sec) * 1e9 + (z.tv_nsec - a.tv_nsec);
-      do clock_gettime(CLOCK_MONOTONIC, &a); while ((a.tv_sec - z.tv_sec) * 1e9 + (a.tv_nsec - z.tv_nsec) < 3000);
-    }
-    mc_files_finalize();
-    printf("{\"ns_per_record\":%.1f}\n", ns / n);
+    bench_spaced(bench_one, n);
     return 0;
   } else if (strcmp(mode, "threads") == 0 || strcmp(mode, "kill") == 0) {
     pthread_t th[8];

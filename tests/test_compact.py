@@ -29,25 +29,9 @@ from mining.load import load_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HARNESS = r"""
-#include "mc.h"
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+HARNESS = c_harness.PRELUDE + r"""
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-mc_knobs_t mc_knobs; mc_counters_t mc_cnt; atomic_int mc_off; int mc_pid;
-void mc_disable(const char *fmt, ...) {
-  int z = 0;
-  if (!atomic_compare_exchange_strong(&mc_off, &z, 1)) return;
-  va_list ap; va_start(ap, fmt); vfprintf(stderr, fmt, ap); fputc('\n', stderr); va_end(ap);
-}
 void mc_note_error(int fn, int code, int fatal) { (void)fn; (void)code; if (fatal) mc_disable("fatal"); }
-void mc_meta_write(int final) { (void)final; }
 int mc_tid(void) { return 7; }
 void mc_classify_words(jb_t *b, const unsigned char *p, size_t size) { (void)b; (void)p; (void)size; }
 unsigned mc_host_sections(jb_t *b, const mc_entry_t *e, const unsigned char *p, size_t n) {
@@ -112,6 +96,8 @@ static int64_t launch(const mc_entry_t *e, long t, long i) {
   return mc_write_record(MC_F_LAUNCHES, b, 1);
 }
 
+static void bench_one(long i) { launch(&ents[(i * 7) % 8], 0, i); }
+
 static long per_thread, nthreads;
 static void *worker(void *arg) {  /* ids only: launch() below is for one thread (shared kp) */
   long t = (long)arg;
@@ -158,17 +144,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "records") == 0) {
     for (long i = 0; i < n; i++) launch(&ents[(i * 7) % 8], 0, i);
   } else if (strcmp(mode, "bench") == 0) {   /* records 3 us apart, like launches; time in launch() only */
-    struct timespec a, z;
-    double ns = 0;
-    for (long i = 0; i < n; i++) {
-      clock_gettime(CLOCK_MONOTONIC, &a);
-      launch(&ents[(i * 7) % 8], 0, i);
-      clock_gettime(CLOCK_MONOTONIC, &z);
-      ns += (z.tv_sec - a.tv_sec) * 1e9 + (z.tv_nsec - a.tv_nsec);
-      do clock_gettime(CLOCK_MONOTONIC, &a); while ((a.tv_sec - z.tv_sec) * 1e9 + (a.tv_nsec - z.tv_nsec) < 3000);
-    }
-    mc_files_finalize();
-    printf("{\"ns_per_record\":%.1f}\n", ns / n);
+    bench_spaced(bench_one, n);
     return 0;
   } else if (strcmp(mode, "threads") == 0 || strcmp(mode, "fork") == 0) {
     nthreads = 8; per_thread = n;
