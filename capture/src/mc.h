@@ -204,6 +204,8 @@ void mc_fn_reset_after_fork(void);
 
 /* The binary launch record (MINE_CAPTURE_FORMAT=bin; docs/dump-format.md "Binary launch
  * records"). mc_launch_bin builds it in b (after JB_SEQ_ROOM; seq left 0); 0 ok, -1 dropped. */
+#define MC_PARAM_MAX 32768        /* bytes read from a packed `extra` buffer at most: the driver's
+                                     parameter limit is 32,764; a larger claimed size is not trusted */
 #define MC_BIN_MAGIC 0x314C434Du
 #define MC_BIN_HEADER 112
 #define MC_HOST_LEARN 8          /* launches of a function whose words are all checked */

@@ -215,6 +215,7 @@ void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t 
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = extra[i + 1];
       else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) xsize = *(const size_t *)extra[i + 1];
     }
+    if (xsize > MC_PARAM_MAX) xsize = MC_PARAM_MAX;
     if (!xbuf) xsize = 0;
   }
   if (packed) jb_lit(b, ",\"packing\":\"extra\"");
@@ -265,6 +266,7 @@ int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t f
       else if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && L->extra[i + 1])
         xsize = *(const size_t *)L->extra[i + 1];
     }
+    if (xsize > MC_PARAM_MAX) xsize = MC_PARAM_MAX;
     if (!xbuf) { xsize = 0; flags |= 4; }
     blob_len = xsize;
   } else if (!L->kp) {
