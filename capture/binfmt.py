@@ -39,7 +39,11 @@ HEADER = 112
 ATTR = 72                   # a raw CUlaunchAttribute: u32 id, 4 bytes padding, 64-byte value
 F_GRAPH, F_EXTRA, F_NOBYTES = 1, 2, 4
 API_NAMES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
-             "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz")
+             "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
+             # kernel nodes of explicitly built graphs, recorded when defined (dump-format.md)
+             "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "cuGraphAddNode", "cuGraphAddNode_v2",
+             "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "cuGraphExecKernelNodeSetParams",
+             "cuGraphExecKernelNodeSetParams_v2", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
 LAUNCHES_BIN = "launches.bin"
 FUNCTIONS = "functions.jsonl"
 

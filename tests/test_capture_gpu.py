@@ -154,6 +154,8 @@ def test_probe_apis_handles_and_module_link(probe):
         assert r["sha256"] == by_id[r["module"]]["sha256"]
         assert (p["dir"] / "cubins" / f"{r['sha256']}.cubin").is_file()
         want = "function" if r["symbol"].startswith("drv_") else "kernel"
+        if r["api"].startswith("cuGraph"):   # a kernel node: the runtime may hand the driver either kind
+            want = r["handle"] if r["handle"] in ("kernel", "function") else want
         assert r["handle"] == want, r["symbol"]
         assert r["attrs"]["regs"] > 0 and r["dev"] == 0
     drv = [r for r in p["launches"] if r["symbol"].startswith("drv_")]
@@ -164,15 +166,22 @@ def test_probe_graph_lifecycle(probe):
     dump, truth, _, _ = probe
     p = _proc(dump, truth["pid"])
     ev = Counter(g["event"] for g in p["graphs"])
-    assert ev["capture_begin"] == 1 and ev["capture_end"] == 1 and ev["instantiate"] == 1
-    assert ev["launch"] == truth["graph_replays"]
+    assert ev["capture_begin"] == 1 and ev["capture_end"] == 1 and ev["instantiate"] == 2
+    assert ev["launch"] == truth["graph_replays"] + truth["hand_graph_replays"]
     end = next(g for g in p["graphs"] if g["event"] == "capture_end")
-    inst = next(g for g in p["graphs"] if g["event"] == "instantiate")
-    assert inst["graph"] == end["graph"] and end["nodes"] == 2
-    assert all(g["exec"] == inst["exec"] for g in p["graphs"] if g["event"] == "launch")
-    in_graph = [r for r in p["launches"] if r["graph"]]
-    assert [r["seq"] for r in in_graph] == list(range(end["seq_first"], end["seq_last"] + 1))
-    assert {r["graph"]["capture_id"] for r in in_graph} == {end["capture_id"]}
+    inst = next(g for g in p["graphs"] if g["event"] == "instantiate" and g["graph"] == end["graph"])
+    assert end["nodes"] == 2
+    assert sum(g["exec"] == inst["exec"] for g in p["graphs"] if g["event"] == "launch") == truth["graph_replays"]
+    captured = [r for r in p["launches"] if r["graph"] and r["graph"]["capture_id"]]
+    assert [r["seq"] for r in captured] == list(range(end["seq_first"], end["seq_last"] + 1))
+    assert {r["graph"]["capture_id"] for r in captured} == {end["capture_id"]}
+    # the graph built by hand: its kernel node is one launch record, named by a kernel_node event
+    node = [g for g in p["graphs"] if g["event"] == "kernel_node"]
+    assert len(node) == 1
+    rec = next(r for r in p["launches"] if r["seq"] == node[0]["seq"])
+    assert rec["api"].startswith("cuGraphAdd") and rec["graph"] == {"graph": node[0]["graph"], "capture_id": 0}
+    hand = next(g for g in p["graphs"] if g["event"] == "instantiate" and g["graph"] == node[0]["graph"])
+    assert sum(g["exec"] == hand["exec"] for g in p["graphs"] if g["event"] == "launch") == truth["hand_graph_replays"]
 
 
 def test_probe_threads_fork_and_meta(probe):

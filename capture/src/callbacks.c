@@ -3,9 +3,9 @@
  * Launches are read at API EXIT: with lazy loading the function only exists after the call,
  * and the caller's kernelParams / extra buffer are still live. Failed launches are recorded with
  * their CUresult. Our own driver calls inside a callback are not re-entered (thread flag).
+ * Kernel nodes of explicitly built graphs are recorded when defined (on_kernel_node).
  * Not recorded: legacy cuLaunch/cuLaunchGrid and cuLaunchCooperativeKernelMultiDevice (gone in
- * CUDA 13), and kernel nodes added to graphs explicitly (cuGraphAddKernelNode): graphs built
- * by stream capture are covered, hand-built graphs are not. */
+ * CUDA 13). */
 #include "mc.h"
 
 #include <pthread.h>
@@ -269,9 +269,168 @@ static int api_id(CUpti_CallbackId cbid) {
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: return 2;
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: return 3;
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel: return 4;
-  default: return 5;
+  case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: return 5;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode: return 6;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2: return 7;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode: return 8;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode_v2: return 9;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams: return 10;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams_v2: return 11;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams: return 12;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2: return 13;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams: return 14;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams: return 15;
+  default: return 255;
   }
 }
+
+/* Filters, then one launch record (JSON or binary) for L, whose kernel is `handle` (a CUfunction
+ * or CUkernel). Fills in time, thread and device. Returns the record's seq, or -1. */
+static int64_t record_launch(mc_launch_t *L, void *handle, const char *cupti_symbol) {
+  const mc_entry_t *e = mc_layout_get(handle, L->ctx, cupti_symbol);
+  if (!e) return -1;
+  if (!e->record) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_FILTERED], 1); return -1; }
+  if (mc_knobs.skip && atomic_fetch_add(&mc_cnt.eligible, 1) < mc_knobs.skip) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_SKIP], 1);
+    return -1;
+  }
+  if (mc_knobs.max_launches &&
+      atomic_load_explicit(&mc_cnt.launches_recorded, memory_order_relaxed) >= mc_knobs.max_launches) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_LAUNCHES], 1);
+    return -1;
+  }
+  L->t_ns = mc_now_ns();
+  L->tid = mc_tid();
+  L->dev = mc_ctx_device(L->ctx);
+  /* compact: the function's record is written (once) before this launch's is built */
+  int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
+  jb_t *b = jb_thread();
+  if (!b) return -1;
+  int64_t seq;
+  if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
+    if (fn < 0) {
+      atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
+      return -1;
+    }
+    if (mc_launch_bin(b, L, e, (uint32_t)fn) != 0) b->bad = 1;
+    seq = mc_write_bin(MC_F_LAUNCHES, b);
+  } else {
+    mc_launch_json(b, L, e, fn);
+    seq = mc_write_record(MC_F_LAUNCHES, b, 1);
+  }
+  if (seq >= 0) atomic_fetch_add_explicit(&mc_cnt.launches_recorded, 1, memory_order_relaxed);
+  return seq;
+}
+
+/* ---- kernel nodes of explicitly built graphs (cuGraphAddKernelNode, cuGraphAddNode, and the
+ * calls that change a node's or an instantiated node's parameters) ----
+ * Such a kernel runs at every cuGraphLaunch of an exec made from the graph and never passes
+ * through a launch API, so its ABI is recorded when the node is defined: one launch record
+ * (api = the graph call, graph = {graph or exec, capture_id 0}, stream 0x0) and one graphs.jsonl
+ * `kernel_node` event {graph, exec, node, seq} naming that record. The parameter structs of all
+ * versions begin with the same fields (func .. extra); v2 and later add kern and ctx. */
+typedef struct { CUfunction func; unsigned g[3], b[3], smem; void **kp, **extra; CUkernel kern; CUcontext ctx; } node_kp_t;
+
+static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+  CUresult rc = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
+  if (rc != CUDA_SUCCESS || !d->functionParams) return;
+  const void *np = NULL;     /* the kernel-node parameter struct */
+  int v2 = 1;
+  CUgraph graph = NULL;
+  CUgraphExec exec = NULL;
+  CUgraphNode node = NULL;
+  const char *api;
+  switch (cbid) {
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode: {
+    const cuGraphAddKernelNode_params *p = d->functionParams;
+    api = "cuGraphAddKernelNode"; np = p->nodeParams; v2 = 0; graph = p->hGraph;
+    node = p->phGraphNode ? *p->phGraphNode : NULL;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2: {
+    const cuGraphAddKernelNode_v2_params *p = d->functionParams;
+    api = "cuGraphAddKernelNode_v2"; np = p->nodeParams; graph = p->hGraph;
+    node = p->phGraphNode ? *p->phGraphNode : NULL;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode: case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode_v2: {
+    const CUgraphNodeParams *gp;
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode) {
+      const cuGraphAddNode_params *p = d->functionParams;
+      gp = p->nodeParams; graph = p->hGraph; node = p->phGraphNode ? *p->phGraphNode : NULL;
+      api = "cuGraphAddNode";
+    } else {
+      const cuGraphAddNode_v2_params *p = d->functionParams;
+      gp = p->nodeParams; graph = p->hGraph; node = p->phGraphNode ? *p->phGraphNode : NULL;
+      api = "cuGraphAddNode_v2";
+    }
+    if (!gp || gp->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
+    np = &gp->kernel;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams: {
+    const cuGraphKernelNodeSetParams_params *p = d->functionParams;
+    api = "cuGraphKernelNodeSetParams"; np = p->nodeParams; v2 = 0; node = p->hNode;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams_v2: {
+    const cuGraphKernelNodeSetParams_v2_params *p = d->functionParams;
+    api = "cuGraphKernelNodeSetParams_v2"; np = p->nodeParams; node = p->hNode;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams: {
+    const cuGraphExecKernelNodeSetParams_params *p = d->functionParams;
+    api = "cuGraphExecKernelNodeSetParams"; np = p->nodeParams; v2 = 0; node = p->hNode; exec = p->hGraphExec;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2: {
+    const cuGraphExecKernelNodeSetParams_v2_params *p = d->functionParams;
+    api = "cuGraphExecKernelNodeSetParams_v2"; np = p->nodeParams; node = p->hNode; exec = p->hGraphExec;
+    break;
+  }
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams: case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams: {
+    const CUgraphNodeParams *gp;
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams) {
+      const cuGraphNodeSetParams_params *p = d->functionParams;
+      gp = p->nodeParams; node = p->hNode; api = "cuGraphNodeSetParams";
+    } else {
+      const cuGraphExecNodeSetParams_params *p = d->functionParams;
+      gp = p->nodeParams; node = p->hNode; exec = p->hGraphExec; api = "cuGraphExecNodeSetParams";
+    }
+    if (!gp || gp->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
+    np = &gp->kernel;
+    break;
+  }
+  default:
+    return;
+  }
+  if (!np) return;
+  const CUDA_KERNEL_NODE_PARAMS_v1 *k1 = np;   /* the common prefix */
+  void *handle = (void *)k1->func;
+  CUcontext ctx = d->context;
+  if (v2) {
+    const CUDA_KERNEL_NODE_PARAMS_v2 *k2 = np;
+    if (!handle) { handle = (void *)k2->kern; if (k2->ctx) ctx = k2->ctx; }
+  }
+  if (!handle) return;
+  atomic_fetch_add_explicit(&mc_cnt.launches, 1, memory_order_relaxed);
+  mc_launch_t L = {0, 0, 0, ctx, NULL, api, 0, 1, exec ? (CUgraph)(void *)exec : graph, 0,
+                   {k1->gridDimX, k1->gridDimY, k1->gridDimZ}, {k1->blockDimX, k1->blockDimY, k1->blockDimZ},
+                   k1->sharedMemBytes, NULL, k1->kernelParams, k1->extra, api_id(cbid)};
+  int64_t seq = record_launch(&L, handle, NULL);
+  if (seq < 0) return;
+  jb_t *b = jb_thread();
+  if (!b) return;
+  jb_lit(b, "\"event\":\"kernel_node\",\"t_ns\":"); jb_u64(b, mc_now_ns());
+  jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
+  jb_lit(b, ",\"api\":"); jb_str(b, api);
+  if (graph) { jb_lit(b, ",\"graph\":"); jb_ptr(b, (uintptr_t)graph); }
+  if (exec) { jb_lit(b, ",\"exec\":"); jb_ptr(b, (uintptr_t)exec); }
+  jb_lit(b, ",\"node\":"); jb_ptr(b, (uintptr_t)node);
+  jb_lit(b, ",\"seq\":"); jb_i64(b, seq);
+  mc_write_record(MC_F_GRAPHS, b, 0);
+}
+
 
 static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   const char *api;
@@ -313,21 +472,7 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
   atomic_fetch_add_explicit(&mc_cnt.launches, 1, memory_order_relaxed);
   CUresult result = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
-  CUcontext ctx = d->context;
-  const mc_entry_t *e = mc_layout_get((void *)f, ctx, d->symbolName);
-  if (!e) return;
-  if (!e->record) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_FILTERED], 1); return; }
-  if (mc_knobs.skip && atomic_fetch_add(&mc_cnt.eligible, 1) < mc_knobs.skip) {
-    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_SKIP], 1);
-    return;
-  }
-  if (mc_knobs.max_launches &&
-      atomic_load_explicit(&mc_cnt.launches_recorded, memory_order_relaxed) >= mc_knobs.max_launches) {
-    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_LAUNCHES], 1);
-    return;
-  }
   stream = norm_stream(cbid, stream);
-
   int in_graph = 0;
   cuuint64_t capid = 0;
   CUgraph graph = NULL;
@@ -337,30 +482,10 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
         st == CU_STREAM_CAPTURE_STATUS_ACTIVE)
       in_graph = 1;
   }
-
-  mc_launch_t L = {mc_now_ns(), mc_tid(), mc_ctx_device(ctx), ctx, stream, api, (int)result, in_graph, graph,
-                   (uint64_t)capid, {g[0], g[1], g[2]}, {bl[0], bl[1], bl[2]}, smem, cfg, kp, extra};
-  /* compact: the function's record is written (once) before this launch's is built */
-  int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
-  jb_t *b = jb_thread();
-  if (!b) return;
-  int64_t seq;
-  if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
-    if (fn < 0) {
-      atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
-      return;
-    }
-    L.api_id = api_id(cbid);
-    if (mc_launch_bin(b, &L, e, (uint32_t)fn) != 0) b->bad = 1;
-    seq = mc_write_bin(MC_F_LAUNCHES, b);
-  } else {
-    mc_launch_json(b, &L, e, fn);
-    seq = mc_write_record(MC_F_LAUNCHES, b, 1);
-  }
-  if (seq >= 0) {
-    atomic_fetch_add_explicit(&mc_cnt.launches_recorded, 1, memory_order_relaxed);
-    if (in_graph) capture_note_launch(capid, seq);
-  }
+  mc_launch_t L = {0, 0, 0, d->context, stream, api, (int)result, in_graph, graph,
+                   (uint64_t)capid, {g[0], g[1], g[2]}, {bl[0], bl[1], bl[2]}, smem, cfg, kp, extra, api_id(cbid)};
+  int64_t seq = record_launch(&L, (void *)f, d->symbolName);
+  if (seq >= 0 && in_graph) capture_note_launch(capid, seq);
 }
 
 static void alloc_log_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
@@ -404,6 +529,14 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
       atomic_fetch_add_explicit(&mc_cnt.self_ns, mc_now_ns() - t0, memory_order_relaxed);
       atomic_fetch_add_explicit(&mc_cnt.self_launches, 1, memory_order_relaxed);
     } else on_launch(cbid, d);
+    break;
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode: case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode: case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams: case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2:
+  case CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams: case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams:
+    on_kernel_node(cbid, d);
     break;
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoad: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData:
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadDataEx: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadFatBinary:
@@ -460,6 +593,11 @@ static const CUpti_CallbackId launch_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy, CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode, CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode, CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams, CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams, CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams, CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams,
 };
 static const CUpti_CallbackId module_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuModuleLoad, CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData,

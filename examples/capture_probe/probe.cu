@@ -5,8 +5,9 @@
 // usage: probe <probe_mod.cubin> <ground_truth.json>
 // Paths: runtime <<<>>>; cuLaunchKernel with kernelParams and with `extra`; cuLaunchKernelEx
 // with a cluster; a by-value struct holding device pointers; a host-pointer scalar; a TMA
-// descriptor; a captured and replayed CUDA graph; 8 threads launching at once; a child forked
-// before CUDA starts (it launches and writes <gt>.child.json) and one forked after (it exits).
+// descriptor; a captured and replayed CUDA graph; a graph built by hand (one kernel node); 8
+// threads launching at once; a child forked before CUDA starts (it launches and writes
+// <gt>.child.json) and one forked after (it exits).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -219,6 +220,27 @@ int main(int argc, char **argv) {
   for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(exec, gs));
   CK(cudaStreamSynchronize(gs));
 
+  // 8b. a graph built by hand: one kernel node (no launch API ever sees it), 2 launches
+  cudaGraph_t hg;
+  cudaGraphExec_t hexec;
+  CK(cudaGraphCreate(&hg, 0));
+  float a6 = 6.0f;
+  int n6 = 1500;
+  float *zp = z;
+  const float *xp = x;
+  void *args6[] = {&zp, &xp, &a6, &n6};
+  cudaKernelNodeParams kn = {};
+  kn.func = (void *)k_axpy;
+  kn.gridDim = dim3((n6 + 255) / 256);
+  kn.blockDim = dim3(256);
+  kn.kernelParams = args6;
+  cudaGraphNode_t node;
+  CK(cudaGraphAddKernelNode(&node, hg, nullptr, 0, &kn));
+  record("graph_node", SYM_AXPY, "params", {Pptr(z, z), Pptr(x, x), P(a6), P(n6)}, 1);
+  CK(cudaGraphInstantiate(&hexec, hg, 0));
+  for (int r = 0; r < 2; r++) CK(cudaGraphLaunch(hexec, gs));
+  CK(cudaStreamSynchronize(gs));
+
   // 9. 8 threads launching concurrently, each on its own stream
   std::vector<std::thread> th;
   for (int t = 0; t < 8; t++)
@@ -241,11 +263,13 @@ int main(int argc, char **argv) {
   CK(cudaDeviceSynchronize());
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
+  CK(cudaGraphExecDestroy(hexec));
+  CK(cudaGraphDestroy(hg));
   waitpid(early, &status, 0);
   int early_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   write_truth(gt, "\"pid\":" + std::to_string(getpid()) + ",\"child_pid\":" + std::to_string(early) +
                       ",\"child_ok\":" + (early_ok ? "true" : "false") + ",\"late_fork_ok\":" +
-                      (late_ok ? "true" : "false") + ",\"graph_replays\":3");
+                      (late_ok ? "true" : "false") + ",\"graph_replays\":3,\"hand_graph_replays\":2");
   printf("probe: %zu launches recorded in %s\n", truth.recs.size(), gt);
   return 0;
 }
