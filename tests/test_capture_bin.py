@@ -290,3 +290,9 @@ def test_real_probe_capture_matches_what_was_launched(tmp_path):
                     got = {x["at"]: x for x in r["params"][i].get("host", [])}
                     assert got[h["at"]]["hex"] == h["hex"], t["tag"]
         assert pool == [], [x[0] for x in pool]
+    # the graph built by hand: its kernel node is the record a graphs.jsonl kernel_node event names
+    d = tmp_path / f"pid{truth['pid']}"
+    node = [g for g in _lines(d / "graphs.jsonl") if g["event"] == "kernel_node"]
+    rec = {r["seq"]: r for r in binfmt.decode_records(d)}[node[0]["seq"]]
+    assert len(node) == 1 and rec["api"] == node[0]["api"] == "cuGraphAddKernelNode_v2"
+    assert rec["graph"] == {"graph": node[0]["graph"], "capture_id": 0}
