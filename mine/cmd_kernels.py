@@ -12,10 +12,8 @@ from typing import List, Optional
 
 import typer
 
-from manifests import jsonload
-from manifests.abi import check_abi
-from manifests.cut import cut, resolve_labels
-from manifests.kernels import build_table, check_table, load_kernels
+# The manifests modules (pyelftools, the toml reader) are imported inside each command: the CLI
+# registers every command at start-up, and `mine capture` on a bare GPU host must not need them.
 
 kernels_app = typer.Typer(help="Check and build the kernel pins of kernels.toml.", no_args_is_help=True)
 TOML = typer.Option(Path("kernels.toml"), "--toml", help="The kernels.toml to read.")
@@ -40,6 +38,8 @@ def kernels_check(build_dir: Optional[Path] = typer.Argument(None, help="Folder 
     """
     if build_dir is not None and not build_dir.is_dir():
         raise NotADirectoryError(f"build dir {build_dir} is not a folder")
+    from manifests.kernels import check_table, load_kernels
+
     table = load_kernels(toml)
     _report(check_table(table, build_dir), f"{len(table.modules)} modules pinned, all checks pass")
 
@@ -51,6 +51,8 @@ def kernels_build(out: Path = typer.Option(Path("build/kernels"), "--out", help=
 
       mine kernels build --out build/kernels && mine kernels check build/kernels
     """
+    from manifests.kernels import build_table, load_kernels
+
     built = build_table(load_kernels(toml), out)
     bad = [f"{b.module}: built {b.sha256}, pinned otherwise ({b.path})" for b in built if not b.matches]
     _report(bad, f"{len(built)} modules built into {out}, every hash matches its pin")
@@ -64,6 +66,9 @@ def abi(manifest: Path = typer.Argument(..., help="Manifest JSON."),
     """
     if not kernels.is_dir():
         raise NotADirectoryError(f"kernels dir {kernels} is not a folder")
+    from manifests import jsonload
+    from manifests.abi import check_abi
+
     _report(check_abi(jsonload.load_path(manifest), kernels), "every kernel launch fits its cubin")
 
 
@@ -75,6 +80,9 @@ def cut_cmd(manifest: Path = typer.Argument(..., help="Manifest JSON (verified).
       mine cut qwen3.json --at l18.qkv_proj --out stages/      # two stages
       mine cut qwen3.json --at 146 --at 290 --out stages/      # three, by call index
     """
+    from manifests import jsonload
+    from manifests.cut import cut, resolve_labels
+
     doc = jsonload.load_path(manifest)
     stages = cut(doc, resolve_labels(doc, at))
     out.mkdir(parents=True, exist_ok=True)
