@@ -62,6 +62,8 @@ def _mine(*args, cwd=ROOT):
     (["capture", "true"], "put the command after `--`"),
     (["capture", "--", "no-such-command-xyz"], "command not found"),
     (["capture", "-o", "pyproject.toml", "--", "true"], "is not a folder"),
+    (["capture", "--format", "xml", "--", "true"], "MINE_CAPTURE_FORMAT must be one of json, bin"),
+    (["capture", "--writer", "fast", "--", "true"], "MINE_CAPTURE_WRITER must be one of write, mmap"),
 ])
 def test_cli_bad_input_is_one_sentence_exit_2(args, msg):
     r = _mine(*args)
@@ -122,3 +124,17 @@ def test_torch_fixture(tmp_path):
     for m in _jsonl(next(d.glob("pid*/modules.jsonl"))):
         if m["sha256"] in kept:
             assert m["entries"] and all("nvjet" not in e and "cublas" not in e.lower() for e in m["entries"])
+
+
+def test_binary_fixture_summary(tmp_path):
+    """`mine capture`'s summary of a binary dump: launches from launches.bin, kernels by the
+    symbols of functions.jsonl (the compact and binary forms carry no symbol per launch)."""
+    from capture import binfmt
+
+    d = _extract("probe_bin.tar.xz", tmp_path)
+    truth = json.loads(tarfile.open(FIX / "truth_bin.tar.xz").extractfile("probe_bin_truth.json").read())
+    s = launcher.summarize_process(d / f"pid{truth['pid']}")
+    recs = binfmt.decode_records(d / f"pid{truth['pid']}")
+    fns = {f["fn"]: f["symbol"] for f in _jsonl(d / f"pid{truth['pid']}" / "functions.jsonl")}
+    assert s.launches == len(recs) == len(truth["launches"]) and s.truncated_lines == 0
+    assert s.kernels == len({fns[r["fn"]] for r in recs}) >= 5 and s.no_layout == 0
