@@ -14,7 +14,7 @@ import typer
 
 
 def analyze_cmd(
-    path: Path = typer.Argument(..., help="pid<N>/ folder, dump folder, or launches.jsonl[.gz|.xz|.zst]"),
+    path: Path = typer.Argument(..., help="pid<N>/ folder, dump folder (or its .tar.xz), launches.jsonl or launches.bin [.gz|.xz|.zst]"),
     pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches)"),
     gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="request gap threshold (default: from the data)"),
     per_forward: Optional[int] = typer.Option(None, "--per-forward", help="core kernel launches per forward (default: from the data)"),
