@@ -12,13 +12,13 @@ per measurement and the ratio. Requirement: ours under 2 s on the 2-core CI mach
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import tempfile
 import time
 
+from manifests.kern_oracle import quiet_stderr, verdict
 from manifests.verify import verify_file
 
 SHA = "ab" * 32
@@ -66,33 +66,14 @@ def build(layers: int) -> dict:
             "ops": ops, "programs": {"forward": {"calls": calls}}}
 
 
-@contextlib.contextmanager
-def quiet_stderr():
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-
-
 def time_kern(path: str, kernels: str) -> tuple[float, str]:
-    import kern
-
     t0 = time.perf_counter()
     with quiet_stderr():
-        try:
-            kern.Runtime(path, kernels, [], 0)
-            verdict = "loaded"
-        except ValueError as exc:
-            verdict = "rejected: " + str(exc).splitlines()[-1]
-        except BaseException as exc:  # noqa: BLE001 - accepted, then no GPU
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            verdict = "accepted (then no GPU)"
-    return time.perf_counter() - t0, verdict
+        v = verdict(path, kernels)
+    seconds = time.perf_counter() - t0
+    if not v.accepted:
+        return seconds, "rejected: " + str(v.exc).splitlines()[-1]
+    return seconds, "loaded" if v.exc is None else "accepted (then no GPU)"
 
 
 def main() -> None:

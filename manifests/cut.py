@@ -267,20 +267,16 @@ def _kern_verify(stage: dict) -> list[str]:
     import os
     import tempfile
 
-    import kern  # test-only dependency; the project's own verifier is preferred
+    from manifests.kern_oracle import verdict  # kern-llm: test-only; the project's verifier is preferred
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "stage.json")
         with open(path, "w") as f:
             json.dump(stage, f)
-        try:
-            kern.Runtime(path, tmp, [], 0)
-        except ValueError as exc:
-            return [ln.strip()[2:] for ln in str(exc).splitlines() if ln.strip().startswith("- ")] or [str(exc)]
-        except BaseException as exc:  # accepted: it went on to look for libcuda (PanicException)
-            if "cuda" not in str(exc).lower():
-                raise
-    return []
+        v = verdict(path, tmp)
+    if v.accepted and v.exc is not None and "cuda" not in str(v.exc).lower():
+        raise v.exc  # accepted means: it went on to look for libcuda; anything else is kern's own failure
+    return v.violations
 
 
 def cut(manifest: dict, at: list[int], verify: Callable[[dict], list[str]] | None = None) -> list[dict]:

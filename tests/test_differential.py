@@ -9,49 +9,26 @@ fails on the missing artifact, also after verification, so the verdict reading h
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from manifests import jsonload
+from manifests import jsonload, kern_oracle
 from manifests.verify import verify
 from mutate import mutants
 
-kern = pytest.importorskip("kern")
+pytest.importorskip("kern")
 
 CORPUS = Path(__file__).parent / "manifest_corpus"
 MIN_CORPUS = 5000
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """kern's panic hook prints a backtrace per accepted manifest; keep the test log readable."""
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def kern_accepts(path: Path, kernels: Path) -> bool:
-    try:
-        kern.Runtime(str(path), str(kernels), [], 0)
-    except ValueError as exc:
-        if "failed verification" in str(exc):
-            return False
-        raise
-    except BaseException as exc:  # noqa: BLE001 - the oracle's "accepted, then no GPU" panic
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        return True
-    return True
+    v = kern_oracle.verdict(path, kernels)
+    if not v.accepted and "failed verification" not in v.message:
+        raise v.exc  # a ValueError that is not a verdict: kern's own failure
+    return v.accepted
 
 
 def ours_accepts(text: str) -> bool:
@@ -83,7 +60,7 @@ def test_verdicts_match_kern(tmp_path, monkeypatch):
     assert len(items) >= MIN_CORPUS, f"corpus shrank to {len(items)} manifests"
     path = tmp_path / "m.json"
     disagreements, rejected = [], 0
-    with _quiet_stderr():
+    with kern_oracle.quiet_stderr():
         for label, text in items:
             path.write_text(text)
             theirs = kern_accepts(path, tmp_path)

@@ -53,13 +53,12 @@ def test_manifest_verifies_and_is_stable(sim, tmp_path):
 
 
 def test_kern_llm_accepts(sim, tmp_path):
-    kern = pytest.importorskip("kern")
+    pytest.importorskip("kern")
     _, _, _, m = build_manifest(sim, CONFIG, ROOT / "kernels.toml", 2048)
     path = tmp_path / "qwen3.json"
     path.write_text(build.dumps(m))
-    code = ("import kern, sys\ntry:\n    kern.Runtime(sys.argv[1], sys.argv[2], [], 0)\n"
-            "except ValueError as e:\n    print(e); sys.exit(3)\nexcept BaseException:\n    sys.exit(0)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "manifests.kern_oracle", str(path), str(tmp_path)],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout
 
 
