@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from compact_form import expand
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu
 
@@ -39,22 +41,12 @@ def _jsonl(path: Path) -> list[dict]:
 FORMATS = ["json", "bin"]
 
 
-def _default_form(rec: dict, fns: dict) -> dict:
-    """A compact launch record (fn) with its function's keys and its params' off/size put back."""
-    f = fns[rec.pop("fn")]
-    lay = {i: (off, size) for i, off, size in f["params_layout"]}
-    rec.update({k: f[k] for k in ("handle", "func", "module", "sha256", "symbol", "name", "attrs", "layout")})
-    for p in rec["params"]:
-        p["off"], p["size"] = lay[p["i"]]
-    return rec
-
-
 def _bin_launches(d: Path) -> list[dict]:
     from capture import binfmt
     from mining.load import load_dump
 
     fns = {f["fn"]: f for f in _jsonl(d / "functions.jsonl")}
-    recs = [_default_form(r, fns) for r in binfmt.decode_records(d)]
+    recs = [expand(r, fns) for r in binfmt.decode_records(d)]
     params = load_dump(d, cache=False).params
     ptr = params[params["is_ptr"]]
     words: dict = {}

@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 
 import c_harness
+from compact_form import expand
 from mining.load import load_dump
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,23 +191,6 @@ def _run(exe, mode, out, compact, prof, n, writer="write"):
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
-
-
-def expand(launch: dict, fns: dict[int, dict]) -> dict:
-    """A compact launch record as the default form writes it (key order included)."""
-    f = fns[launch["fn"]]
-    out = {}
-    for k, v in launch.items():
-        if k == "fn":
-            out.update({k2: f[k2] for k2 in ("handle", "func", "module", "sha256", "symbol", "name", "attrs")})
-        elif k == "params":
-            lay = {i: (off, size) for i, off, size in f["params_layout"]}
-            out["layout"] = f["layout"]
-            out["params"] = [{"i": p["i"], "off": lay[p["i"]][0], "size": lay[p["i"]][1],
-                              **{k2: v2 for k2, v2 in p.items() if k2 != "i"}} for p in v]
-        else:
-            out[k] = v
-    return out
 
 
 @pytest.mark.parametrize("writer", ["write", "mmap"])
