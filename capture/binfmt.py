@@ -163,11 +163,15 @@ def headers(data, offs: np.ndarray) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------ functions.jsonl
-def read_layouts(path: Path) -> dict[int, tuple[str, list[tuple[int, int]]]]:
-    """fn id -> (layout, [(off, size) of parameter 0, 1, ...]); damaged lines are skipped (the NUL
-    rule of docs/dump-format.md "Writers"; a cut last line; unparsable lines), as mining does."""
+def read_functions(path: Path) -> dict[int, dict]:
+    """functions.jsonl -> {fn id: its record}; damaged lines are skipped (the NUL rule of
+    docs/dump-format.md "Writers"; a cut last line; unparsable lines), as mining does. A missing
+    file reads as no functions. The one reader of that file on the capture side."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
     out = {}
-    lines = Path(path).read_bytes().split(b"\n")
+    lines = path.read_bytes().split(b"\n")
     lines.pop()  # after the last newline: empty, or a record cut short
     for line in lines:
         line = line.rpartition(b"\0")[2]
@@ -175,8 +179,20 @@ def read_layouts(path: Path) -> dict[int, tuple[str, list[tuple[int, int]]]]:
             continue
         try:
             r = json.loads(line)
+            out[int(r["fn"])] = r
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def read_layouts(path: Path) -> dict[int, tuple[str, list[tuple[int, int]]]]:
+    """fn id -> (layout, [(off, size) of parameter 0, 1, ...]); functions whose layout is malformed
+    are left out."""
+    out = {}
+    for fn, r in read_functions(path).items():
+        try:
             lay = {int(i): (int(o), int(s)) for i, o, s in (r.get("params_layout") or [])}
-            out[int(r["fn"])] = (str(r.get("layout")), [lay[i] for i in range(len(lay))])
+            out[fn] = (str(r.get("layout")), [lay[i] for i in range(len(lay))])
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return out

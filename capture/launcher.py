@@ -114,18 +114,6 @@ def record_bytes(line: bytes) -> bytes:
     return line.rpartition(b"\0")[2] if b"\0" in line else line
 
 
-def _functions(path: Path) -> dict[int, tuple[str, str]]:
-    """functions.jsonl: function id -> (symbol, layout); damaged lines are skipped."""
-    out = {}
-    for raw in _lines(path):
-        try:
-            rec = json.loads(raw)
-            out[int(rec["fn"])] = (rec.get("symbol") or "", rec.get("layout") or "")
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
-
-
 def summarize_process(folder: Path) -> ProcessSummary:
     meta = json.loads((folder / "meta.json").read_text())
     s = ProcessSummary(pid=meta["pid"], folder=folder, argv=meta.get("argv", []))
@@ -136,7 +124,8 @@ def summarize_process(folder: Path) -> ProcessSummary:
     s.cubins = len(cubins)
     s.cubin_bytes = sum(p.stat().st_size for p in cubins)
     symbols = set()
-    fns = _functions(folder / binfmt.FUNCTIONS)   # compact and binary forms: fn -> (symbol, layout)
+    fns = {fn: (r.get("symbol") or "", r.get("layout") or "")   # compact and binary forms
+           for fn, r in binfmt.read_functions(folder / binfmt.FUNCTIONS).items()}
     path = folder / "launches.jsonl"
     if (folder / binfmt.LAUNCHES_BIN).is_file() and not path.is_file():
         data = (folder / binfmt.LAUNCHES_BIN).read_bytes()

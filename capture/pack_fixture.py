@@ -26,18 +26,6 @@ CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|
                     r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)
 
 
-def _function_cubins(path: Path) -> dict:
-    """functions.jsonl (compact and binary forms): function id -> its cubin's sha256."""
-    out = {}
-    for line in path.read_bytes().splitlines() if path.is_file() else []:
-        try:
-            rec = json.loads(line.rpartition(b"\0")[2])
-            out[int(rec["fn"])] = rec.get("sha256")
-        except (ValueError, KeyError, TypeError):
-            continue  # a damaged line: its launches keep no cubin
-    return out
-
-
 def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000) -> dict:
     kept, dropped = 0, 0
     budget = max_cubin_bytes
@@ -54,7 +42,7 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                          "functions.jsonl"):
                 if (proc / name).is_file():
                     add_bytes(f"{rel}/{name}", (proc / name).read_bytes())
-            fn_sha = _function_cubins(proc / "functions.jsonl")
+            fn_sha = {fn: r.get("sha256") for fn, r in binfmt.read_functions(proc / binfmt.FUNCTIONS).items()}
             uses: dict[str, int] = {}
             if (proc / binfmt.LAUNCHES_BIN).is_file():
                 data = (proc / binfmt.LAUNCHES_BIN).read_bytes()

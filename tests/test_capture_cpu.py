@@ -138,3 +138,17 @@ def test_binary_fixture_summary(tmp_path):
     fns = {f["fn"]: f["symbol"] for f in _jsonl(d / f"pid{truth['pid']}" / "functions.jsonl")}
     assert s.launches == len(recs) == len(truth["launches"]) and s.truncated_lines == 0
     assert s.kernels == len({fns[r["fn"]] for r in recs}) >= 5 and s.no_layout == 0
+
+
+def test_pack_fixture_keeps_a_binary_dump_whole(tmp_path):
+    """Re-packing the binary probe fixture keeps every record and the cubins its functions name."""
+    from capture import binfmt, pack_fixture
+
+    d = _extract("probe_bin.tar.xz", tmp_path / "in")
+    res = pack_fixture.pack(d, tmp_path / "out.tar.xz", max_launches=10**6, max_cubin_bytes=10**7)
+    again = _extract(str(tmp_path / "out.tar.xz"), tmp_path / "again")
+    for pid in d.glob("pid*"):
+        assert (again / pid.name / "launches.bin").read_bytes() == (pid / "launches.bin").read_bytes()
+        used = {f["sha256"] for f in binfmt.read_functions(pid / "functions.jsonl").values()}
+        assert {c.stem for c in (again / pid.name / "cubins").glob("*.cubin")} == used
+    assert res["cubins_kept"] == 3 and res["cubins_dropped"] == 0
