@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LIB_NAME = "libmine_capture.so"  # the file the launcher loads through CUDA_INJECTION64_PATH
-SOURCES = ["callbacks.c", "layout.c", "alloc.c", "record.c", "writer.c", "init.c"]
+SOURCES = ["callbacks.c", "layout.c", "alloc.c", "record.c", "writer.c", "ident.c", "init.c"]
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 

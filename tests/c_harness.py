@@ -52,13 +52,13 @@ __attribute__((unused)) static void bench_spaced(void (*one)(long), long n) {
 """
 
 
-def build(folder: Path, harness: str, *sources: str) -> Path:
-    """Compile `harness` (C text) with capture/src/<sources> into folder/harness; its path."""
+def build(folder: Path, harness: str, *sources: str, libs: tuple[str, ...] = ()) -> Path:
+    """Compile `harness` (C text) with capture/src/<sources> (and link `libs`) into folder/harness; its path."""
     src = folder / "harness.c"
     src.write_text(harness)
     paths = build_support.find_cuda()
     exe = folder / "harness"
     subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-pthread", f"-I{paths.cuda_include}",
                     f"-I{paths.cupti_include}", f"-I{SRC}", str(src), *(str(SRC / s) for s in sources),
-                    "-o", str(exe)], check=True)
+                    "-o", str(exe), *libs], check=True)
     return exe

@@ -96,12 +96,9 @@ static int64_t launch(const mc_entry_t *e, int k, long t, long i) {
                    (unsigned)(i % 5) * 1024, k == 5 ? &cfg : NULL, use_kp, extra, k == 5 ? 2 : 0};
   if (k == 2 && (i / 8) % 2) L.kp = NULL;                  /* no parameter bytes at all */
   int64_t fn = mc_fn_id(e);
+  if (bin) return mc_record_bin(&L, e, (uint32_t)fn);
   jb_t *b = jb_thread();
   if (!b) return -1;
-  if (bin) {
-    if (mc_launch_bin(b, &L, e, (uint32_t)fn) != 0) return -1;
-    return mc_write_bin(MC_F_LAUNCHES, b);
-  }
   mc_launch_json(b, &L, e, fn);
   return mc_write_record(MC_F_LAUNCHES, b, 1);
 }

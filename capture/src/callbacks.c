@@ -304,17 +304,16 @@ static int64_t record_launch(mc_launch_t *L, void *handle, const char *cupti_sym
   L->dev = mc_ctx_device(L->ctx);
   /* compact: the function's record is written (once) before this launch's is built */
   int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
-  jb_t *b = jb_thread();
-  if (!b) return -1;
   int64_t seq;
   if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
     if (fn < 0) {
       atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
       return -1;
     }
-    if (mc_launch_bin(b, L, e, (uint32_t)fn) != 0) b->bad = 1;
-    seq = mc_write_bin(MC_F_LAUNCHES, b);
+    seq = mc_record_bin(L, e, (uint32_t)fn);
   } else {
+    jb_t *b = jb_thread();
+    if (!b) return -1;
     mc_launch_json(b, L, e, fn);
     seq = mc_write_record(MC_F_LAUNCHES, b, 1);
   }

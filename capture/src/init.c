@@ -40,18 +40,6 @@ static int driver_version;
 static uint32_t cupti_version;
 static atomic_int devices_known;
 static pthread_mutex_t meta_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread int tl_tid;
-
-uint64_t mc_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-int mc_tid(void) {
-  if (!tl_tid) tl_tid = (int)syscall(SYS_gettid);
-  return tl_tid;
-}
 
 void mc_disable(const char *fmt, ...) {
   int expected = 0;
@@ -71,29 +59,6 @@ void mc_note_error(int fn, int code, int fatal) {
   if (!atomic_exchange(&logged, 1))
     fprintf(stderr, "[mine-capture] note: %s failed with code %d (counted in meta.json; capture goes on)\n",
             mc_fn_names[fn], code);
-}
-
-/* ---- context -> device ordinal, lock-free ---- */
-#define NCTX 64
-static struct { _Atomic(uintptr_t) ctx; atomic_int dev; } ctxdev[NCTX];
-
-int mc_ctx_device(CUcontext ctx) {
-  if (!ctx) return -1;
-  for (int i = 0; i < NCTX; i++) {
-    uintptr_t c = atomic_load_explicit(&ctxdev[i].ctx, memory_order_acquire);
-    if (c == (uintptr_t)ctx) return atomic_load_explicit(&ctxdev[i].dev, memory_order_acquire) - 1;
-    if (c == 0) break;
-  }
-  CUdevice dev = -1;
-  if (MC_CU(cuCtxGetDevice_v2, &dev, ctx) != CUDA_SUCCESS) return -1;
-  for (int i = 0; i < NCTX; i++) {
-    uintptr_t zero = 0;
-    if (atomic_compare_exchange_strong(&ctxdev[i].ctx, &zero, (uintptr_t)ctx) || zero == (uintptr_t)ctx) {
-      atomic_store_explicit(&ctxdev[i].dev, dev + 1, memory_order_release);
-      break;
-    }
-  }
-  return dev;
 }
 
 /* ---- knobs ---- */
@@ -323,7 +288,7 @@ __attribute__((destructor)) static void at_unload(void) {
 
 static void fork_child(void) {
   mc_pid = getpid();
-  tl_tid = 0;
+  mc_ident_reset_after_fork();
   pthread_mutex_init(&meta_lock, NULL);
   memset(&mc_cnt, 0, sizeof mc_cnt);
   mc_files_reset_after_fork();

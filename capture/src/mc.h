@@ -5,7 +5,7 @@
  * run time through cuGetProcAddress, so the .so builds and loads on machines without a driver.
  * It never aborts the host: a failed CUDA/CUPTI call is counted under its name; calls whose
  * failure means the capture cannot continue turn capture off with one line on stderr.
- * Files: init.c (knobs, start, fork, exit), callbacks.c (CUPTI dispatch, launch records),
+ * Files: init.c (knobs, start, fork, exit), ident.c (time, thread id, context -> device), callbacks.c (CUPTI dispatch, launch records),
  * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
  * classification, the allocation log), record.c (launch record JSON, compact function records), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
 #ifndef MC_H
@@ -111,6 +111,7 @@ void mc_disable(const char *fmt, ...);
 uint64_t mc_now_ns(void);
 int mc_tid(void);
 int mc_ctx_device(CUcontext ctx);
+void mc_ident_reset_after_fork(void);
 void mc_meta_write(int final);
 
 /* writer.c: a growable per-thread JSON buffer and the dump files. */
@@ -211,7 +212,17 @@ void mc_fn_reset_after_fork(void);
 #define MC_HOST_LEARN 8          /* launches of a function whose words are all checked */
 #define MC_HOST_WORDS 8          /* host-pointer words remembered per function */
 int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn);
+/* One binary launch record written: in place when its length is known up front, else built in
+ * this thread's buffer (mc_launch_bin) and copied (mc_write_bin). The seq, or -1 (dropped). */
+int64_t mc_record_bin(const mc_launch_t *L, const mc_entry_t *e, uint32_t fn);
 int64_t mc_write_bin(int file, jb_t *b);  /* writer.c: seq patched in at +8, header stored last */
+/* In place (writer.c): a record of known length built straight into the mapped file, no copy.
+ * mc_bin_place reserves len bytes and a seq: 1: build the record at pl->dst except its first
+ * 8 bytes (len, magic), then mc_bin_commit stores those last (the record exists from then on)
+ * and returns the seq; 0: no place (write writer, sealed file): use mc_write_bin; -1: dropped. */
+typedef struct { int file; uint64_t off; size_t len; int64_t seq; unsigned char *dst; jb_t *scratch; } mc_place_t;
+int mc_bin_place(int file, size_t len, mc_place_t *pl);
+int64_t mc_bin_commit(const mc_place_t *pl, uint64_t head);
 /* alloc.c, bin form: appends host sections for the blob's pointer words; returns how many. */
 unsigned mc_host_sections(jb_t *b, const mc_entry_t *e, const unsigned char *blob, size_t n);
 

@@ -253,39 +253,49 @@ static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 #define PAD8(n) (((n) + 7) & ~(size_t)7)
 
-int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
-  const unsigned char *xbuf = NULL;
-  size_t xsize = 0, blob_len = 0;
-  int packed = 0;
-  unsigned flags = L->in_graph ? 1u : 0u;
+/* What a launch's record holds beyond its header: where the parameter bytes come from. */
+typedef struct {
+  const unsigned char *xbuf;  /* packed `extra` buffer, or NULL */
+  size_t blob_len;            /* parameter bytes recorded */
+  unsigned flags, nattrs;     /* header flags (1 graph, 2 packed, 4 no bytes); attributes kept */
+} shape_t;
+
+static int bin_shape(const mc_launch_t *L, const mc_entry_t *e, shape_t *s) {
+  s->xbuf = NULL; s->blob_len = 0; s->nattrs = 0;
+  s->flags = L->in_graph ? 1u : 0u;
   if (!L->kp && L->extra) {
-    packed = 1;
-    flags |= 2;
+    size_t xsize = 0;
+    s->flags |= 2;
     for (int i = 0; i < 32 && L->extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) xbuf = L->extra[i + 1];
+      if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) s->xbuf = L->extra[i + 1];
       else if (L->extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && L->extra[i + 1])
         xsize = *(const size_t *)L->extra[i + 1];
     }
     if (xsize > MC_PARAM_MAX) xsize = MC_PARAM_MAX;
-    if (!xbuf) { xsize = 0; flags |= 4; }
-    blob_len = xsize;
+    if (!s->xbuf) { xsize = 0; s->flags |= 4; }
+    s->blob_len = xsize;
   } else if (!L->kp) {
-    flags |= 4;
+    s->flags |= 4;
   } else {
     for (int i = 0; i < e->nparams; i++)
-      if ((size_t)e->off[i] + e->size[i] > blob_len) blob_len = (size_t)e->off[i] + e->size[i];
+      if ((size_t)e->off[i] + e->size[i] > s->blob_len) s->blob_len = (size_t)e->off[i] + e->size[i];
   }
   if (e->nparams < 0) atomic_fetch_add(&mc_cnt.no_layout, 1);
-  if (blob_len > 0xffffffffu) return -1;
-  unsigned nattrs = 0;
-  if (L->cfg && L->cfg->attrs) nattrs = L->cfg->numAttrs < 64 ? L->cfg->numAttrs : 64;
-  size_t host_room = MC_HOST_WORDS * (16 + PAD8((size_t)mc_knobs.host_bytes));
-  size_t room = MC_BIN_HEADER + (size_t)nattrs * sizeof(CUlaunchAttribute) + PAD8(blob_len) + host_room;
-  if (jb_need(b, room)) return -1;
-  size_t start = b->n;
-  unsigned char *r = (unsigned char *)b->p + start;
-  memset(r, 0, MC_BIN_HEADER);
-  put32(r + 4, MC_BIN_MAGIC);
+  if (s->blob_len > 0xffffffffu) return -1;
+  if (L->cfg && L->cfg->attrs) s->nattrs = L->cfg->numAttrs < 64 ? L->cfg->numAttrs : 64;
+  return 0;
+}
+
+static size_t bin_len(const shape_t *s) {
+  return MC_BIN_HEADER + (size_t)s->nattrs * sizeof(CUlaunchAttribute) + PAD8(s->blob_len);
+}
+
+/* The record without host sections, at r: every byte but the first 8 (len, magic), which commit
+ * it. Returns the offset of the parameter bytes. */
+static size_t bin_fill(unsigned char *r, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn,
+                       const shape_t *s, uint64_t seq) {
+  memset(r + 8, 0, MC_BIN_HEADER - 8);
+  put64(r + 8, seq);
   put64(r + 16, L->t_ns);
   put32(r + 24, (uint32_t)L->tid);
   put32(r + 28, (uint32_t)L->dev);
@@ -297,27 +307,67 @@ int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t f
   for (int k = 0; k < 3; k++) { put32(r + 72 + 4 * k, L->grid[k]); put32(r + 84 + 4 * k, L->block[k]); }
   put32(r + 96, L->smem);
   r[100] = (unsigned char)L->api_id;
-  r[101] = (unsigned char)flags;
-  r[102] = (unsigned char)nattrs;
-  put32(r + 104, (uint32_t)blob_len);
+  r[101] = (unsigned char)s->flags;
+  r[102] = (unsigned char)s->nattrs;
+  put32(r + 104, (uint32_t)s->blob_len);
   size_t at = MC_BIN_HEADER;
-  if (nattrs) { memcpy(r + at, L->cfg->attrs, nattrs * sizeof(CUlaunchAttribute)); at += nattrs * sizeof(CUlaunchAttribute); }
+  if (s->nattrs) {
+    memcpy(r + at, L->cfg->attrs, s->nattrs * sizeof(CUlaunchAttribute));
+    at += s->nattrs * sizeof(CUlaunchAttribute);
+  }
   unsigned char *blob = r + at;
-  if (packed) {
-    if (xsize) memcpy(blob, xbuf, xsize);
-  } else if (blob_len) {
-    memset(blob, 0, blob_len);
+  if (s->flags & 2) {
+    if (s->blob_len) memcpy(blob, s->xbuf, s->blob_len);
+  } else if (s->blob_len) {
+    memset(blob, 0, s->blob_len);
     for (int i = 0; i < e->nparams; i++)
       if (L->kp[i]) memcpy(blob + e->off[i], L->kp[i], e->size[i]);
   }
-  memset(blob + blob_len, 0, PAD8(blob_len) - blob_len);
-  size_t blob_at = start + at;
-  at += PAD8(blob_len);
-  b->n += at;
+  memset(blob + s->blob_len, 0, PAD8(s->blob_len) - s->blob_len);
+  return at;
+}
+
+static uint64_t bin_head(size_t len) { return (uint64_t)(uint32_t)len | (uint64_t)MC_BIN_MAGIC << 32; }
+
+int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
+  shape_t s;
+  if (bin_shape(L, e, &s) != 0) return -1;
+  size_t host_room = MC_HOST_WORDS * (16 + PAD8((size_t)mc_knobs.host_bytes));
+  if (jb_need(b, bin_len(&s) + host_room)) return -1;
+  size_t start = b->n;
+  unsigned char *r = (unsigned char *)b->p + start;
+  size_t blob_at = start + bin_fill(r, L, e, fn, &s, 0);
+  b->n += bin_len(&s);
   /* host sections are appended inside the room reserved above, so b->p does not move */
-  unsigned nhost = (flags & 4) ? 0 : mc_host_sections(b, e, (const unsigned char *)b->p + blob_at, blob_len);
+  unsigned nhost = (s.flags & 4) ? 0 : mc_host_sections(b, e, (const unsigned char *)b->p + blob_at, s.blob_len);
   r = (unsigned char *)b->p + start;
   r[103] = (unsigned char)nhost;
-  put32(r, (uint32_t)(b->n - start));
+  uint64_t head = bin_head(b->n - start);
+  memcpy(r, &head, 8);
   return b->bad ? -1 : 0;
+}
+
+/* Why in place: a record built in a buffer and copied costs the buffer's cache lines on every
+ * launch; a launch whose function has no host-pointer words (every function once its first
+ * MC_HOST_LEARN launches are learnt, but cuBLASLt's alpha/beta) has a length known up front,
+ * so it is built straight into its reserved place in launches.bin. */
+int64_t mc_record_bin(const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
+  int plain = atomic_load_explicit(&e->host_seen, memory_order_relaxed) >= MC_HOST_LEARN &&
+              atomic_load_explicit(&e->host_n, memory_order_acquire) == 0;
+  if (plain) {
+    shape_t s;
+    if (bin_shape(L, e, &s) != 0) return -1;
+    size_t len = bin_len(&s);
+    mc_place_t pl;
+    int r = mc_bin_place(MC_F_LAUNCHES, len, &pl);
+    if (r < 0) return -1;
+    if (r > 0) {
+      bin_fill(pl.dst, L, e, fn, &s, (uint64_t)pl.seq);
+      return mc_bin_commit(&pl, bin_head(len));
+    }
+  }
+  jb_t *b = jb_thread();
+  if (!b) return -1;
+  if (mc_launch_bin(b, L, e, fn) != 0) b->bad = 1;
+  return mc_write_bin(MC_F_LAUNCHES, b);
 }

@@ -465,6 +465,48 @@ static int64_t write_failed(int file, int fn, int e) {
   return -1;
 }
 
+/* After a record's place [off, off+len) was reserved: makes sure the file covers it (grows it
+ * when the helper is behind). 0 ok; -1 capture turned off. */
+static int cover(int file, wfile_t *F, uint64_t end) {
+  if (end + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire)) return 0;
+  pthread_mutex_lock(&F->grow);
+  int g = grow_locked(F, end, end + PREFAULT);
+  int e = errno;
+  pthread_mutex_unlock(&F->grow);
+  if (g == 0) return 0;
+  mc_note_error(MC_FN_fallocate, e, 0);
+  mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_name(file), strerror(e));
+  return -1;
+}
+
+/* The window address of [off, off+len), or NULL when it straddles two windows or has no mapping
+ * (such a record goes through pwrite(2) at its offset). */
+static char *place_of(wfile_t *F, uint64_t off, size_t len) {
+  uint64_t k = off >> WIN_SHIFT;
+  char *w = ((off + len - 1) >> WIN_SHIFT) == k ? window(F, k) : NULL;
+  return w ? w + (off & (WIN_SIZE - 1)) : NULL;
+}
+
+/* After a record ending at `end` was stored at dst (NULL: pwrite): the next records' cache lines
+ * are asked for now (for writing), so the next launch, microseconds later, does not wait for them;
+ * and a record that crossed a PREFAULT mark has the helper fault in what comes next (or, without
+ * it, does so itself). */
+static void after_store(wfile_t *F, char *dst, uint64_t off, uint64_t end) {
+  if (dst) { /* past the window's end the hint is simply not given */
+    uint64_t len = end - off, at = (off & (WIN_SIZE - 1)) + len;
+    for (unsigned k = 0; k < 4 && at + 64 * k < WIN_SIZE; k++) __builtin_prefetch(dst + len + 64 * k, 1, 3);
+  }
+  if (off / PREFAULT == end / PREFAULT) return;
+  if (helper_on) { helper_kick(); return; }
+  if (mc_knobs.no_prefault || atomic_load_explicit(&populate_off, memory_order_relaxed)) return;
+  uint64_t at = end / PREFAULT * PREFAULT + PREFAULT;
+  if (at + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire) && !F->final) {
+    char *pw = window(F, at >> WIN_SHIFT);
+    if (pw && madvise(pw + (at & (WIN_SIZE - 1)), PREFAULT, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+      atomic_store(&populate_off, 1); /* kernel before 5.14: faults happen on first touch */
+  }
+}
+
 static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   wfile_t *F = &files[file];
   uint64_t off, seq;
@@ -489,32 +531,15 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   }
   char *start = put_prefix(b, with_seq, seq);
   uint64_t end = off + len;
-  if (end + PREFAULT > atomic_load_explicit(&F->size, memory_order_acquire)) {
-    pthread_mutex_lock(&F->grow);
-    int g = grow_locked(F, end, end + PREFAULT);
-    int e = errno;
-    pthread_mutex_unlock(&F->grow);
-    if (g != 0) {
-      mc_note_error(MC_FN_fallocate, e, 0);
-      mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_name(file), strerror(e));
-      return -1;
-    }
-  }
-  uint64_t k = off >> WIN_SHIFT;
-  char *w = ((end - 1) >> WIN_SHIFT) == k ? window(F, k) : NULL;
-  if (w) {
-    char *dst = w + (off & (WIN_SIZE - 1));
+  if (cover(file, F, end) != 0) return -1;
+  char *dst = place_of(F, off, len);
+  if (dst) {
     if (with_seq == 2) {                        /* binary: the header's len+magic last (commit) */
       memcpy(dst + 8, start + 8, len - 8);
       atomic_signal_fence(memory_order_seq_cst);
       uint64_t head;
       memcpy(&head, start, 8);
       __atomic_store_n((uint64_t *)(void *)dst, head, __ATOMIC_RELAXED);
-      /* The next records land right after this one: ask for those cache lines now (for writing),
-       * so the next launch, microseconds later, does not wait for them. Past the window's end the
-       * hint is simply not given. */
-      uint64_t at = (off & (WIN_SIZE - 1)) + len;
-      for (unsigned k = 0; k < 4 && at + 64 * k < WIN_SIZE; k++) __builtin_prefetch(w + at + 64 * k, 1, 3);
     } else {
       dst[len - 1] = '\n';                      /* first: a cut record stays a line of its own */
       atomic_signal_fence(memory_order_seq_cst);
@@ -523,19 +548,52 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   } else if (pwrite_all(F->fd, start, len, off) != 0) {
     return write_failed(file, MC_FN_pwrite, errno);
   }
-  /* Crossed a PREFAULT mark: the helper faults in what comes next (or, without it, we do). */
-  if (off / PREFAULT != end / PREFAULT) {
-    if (helper_on) helper_kick();
-    else if (!mc_knobs.no_prefault && !atomic_load_explicit(&populate_off, memory_order_relaxed)) {
-      uint64_t at = end / PREFAULT * PREFAULT + PREFAULT;
-      if (at + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire) && !F->final) {
-        char *pw = window(F, at >> WIN_SHIFT);
-        if (pw && madvise(pw + (at & (WIN_SIZE - 1)), PREFAULT, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
-          atomic_store(&populate_off, 1); /* kernel before 5.14: faults happen on first touch */
-      }
-    }
-  }
+  after_store(F, with_seq == 2 ? dst : NULL, off, end);
   return with_seq ? (int64_t)seq : 0;
+}
+
+/* A binary record built where it will stay (no copy): see mc.h. */
+int mc_bin_place(int file, size_t len, mc_place_t *pl) {
+  wfile_t *F = &files[file];
+  if (!F->mapped || !mc_files_ready()) return 0;
+  if (mc_knobs.max_bytes && atomic_fetch_add(&bytes_written, len) + len > mc_knobs.max_bytes) {
+    atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_BYTES], 1);
+    return -1;
+  }
+  uint64_t off, seq;
+  size_t l;
+  int r = reserve(F, len, 2, &off, &seq, &l);
+  if (r < 0) { write_failed(file, MC_FN_pwrite, EFBIG); return -1; }
+  if (r > 0) {  /* sealed at exit: the buffer path appends under the lock */
+    if (mc_knobs.max_bytes) atomic_fetch_sub(&bytes_written, len);
+    return 0;
+  }
+  if (cover(file, F, off + len) != 0) return -1;
+  pl->file = file; pl->off = off; pl->len = len; pl->seq = (int64_t)seq;
+  pl->dst = (unsigned char *)place_of(F, off, len);
+  pl->scratch = NULL;
+  if (!pl->dst) { /* straddles two windows: built in this thread's buffer, then pwrite(2) */
+    jb_t *b = jb_thread();
+    if (!b || jb_need(b, len)) { write_failed(file, MC_FN_pwrite, ENOMEM); return -1; }
+    pl->dst = (unsigned char *)b->p + JB_SEQ_ROOM;
+    pl->scratch = b;
+  }
+  return 1;
+}
+
+int64_t mc_bin_commit(const mc_place_t *pl, uint64_t head) {
+  wfile_t *F = &files[pl->file];
+  if (pl->scratch) {
+    memcpy(pl->dst, &head, 8);
+    if (pwrite_all(F->fd, (const char *)pl->dst, pl->len, pl->off) != 0)
+      return write_failed(pl->file, MC_FN_pwrite, errno);
+    after_store(F, NULL, pl->off, pl->off + pl->len);
+    return pl->seq;
+  }
+  atomic_signal_fence(memory_order_seq_cst);    /* everything else first: the header commits it */
+  __atomic_store_n((uint64_t *)(void *)pl->dst, head, __ATOMIC_RELAXED);
+  after_store(F, (char *)pl->dst, pl->off, pl->off + pl->len);
+  return pl->seq;
 }
 
 /* A binary record (MINE_CAPTURE_FORMAT=bin): b holds it whole after JB_SEQ_ROOM, a multiple of 8
