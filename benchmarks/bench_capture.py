@@ -15,7 +15,8 @@ Configurations (same binary, environment only):
   bin_<writer>[_pf<0|1>]              MINE_CAPTURE_FORMAT=bin (binary records, launches.bin)
   <name>_self                         that configuration with MINE_CAPTURE_SELFTIME=1: also reports the ns
                                       per launch spent inside the recording code (meta.json counters)
-`--configs a,b,...` runs only those (and baseline).
+`--configs a,b,...` runs only those (and baseline); `--before-lib LIB` runs each of them also with
+another build of the library (name@before), to compare two commits in one session.
 The launch loop runs every configuration `--repeats` times, interleaved; the model forward
 (examples/torch_forward.py --bench) runs baseline, filtered and every full configuration
 `--forward-repeats` times (baseline once more at the end, to see drift). Reports medians; the JSON
@@ -121,6 +122,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--configs", help="comma-separated configuration names to run (baseline always runs)")
     ap.add_argument("--pin", help="run every process under `taskset -c PIN` (less scheduler noise)")
+    ap.add_argument("--before-lib", type=Path, help="another build of the library (an earlier commit): every "
+                    "injected configuration also runs with it, as <name>@before, interleaved with the rest")
     args = ap.parse_args()
     if args.pin:
         PIN[:] = ["taskset", "-c", args.pin]
@@ -146,6 +149,12 @@ def main() -> None:
         if unknown:
             sys.exit(f"unknown configuration(s) {sorted(unknown)}; known: {', '.join(configs)}")
         configs = {k: v for k, v in configs.items() if k in want}
+    if args.before_lib:
+        if not args.before_lib.is_file():
+            sys.exit(f"--before-lib {args.before_lib} is not a file")
+        for name, env in list(configs.items()):
+            if "CUDA_INJECTION64_PATH" in env:
+                configs[f"{name}@before"] = dict(env, CUDA_INJECTION64_PATH=str(args.before_lib.resolve()))
     report = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.node(),

@@ -250,7 +250,7 @@ int main(int argc, char **argv) {
       for (int ph = 0; ph < 6; ph++) {
         thrash((int)i);
         const mc_entry_t *e = mc_layout_get((void *)fk[0].handle, CTX, fk[0].sym);
-        mc_launch_t L = {0, 0, 0, CTX, NULL, "cuLaunchKernel", 0, 0, NULL, 0, {1, 1, 1}, {32, 1, 1}, 0, NULL, args, NULL, 0};
+        mc_launch_t L = {0, 0, 0, CTX, NULL, 0, 0, 0, NULL, 0, {1, 1, 1}, {32, 1, 1}, 0, NULL, args, NULL};
         int64_t fn = mc_fn_id(e);
         thrash((int)i);
         double t0 = now_ns();

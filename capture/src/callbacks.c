@@ -11,8 +11,6 @@
 #include <pthread.h>
 #include <string.h>
 
-static __thread int tl_in_cb;
-
 /* Allocation and mapping APIs: a value that was not device memory may be now (alloc.c). */
 #define ALLOC_IDS(X) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemAllocManaged) X(cuMemMap) X(cuMemSetAccess) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuMemPoolImportPointer) X(cuExternalMemoryGetMappedBuffer) X(cuGraphicsResourceGetMappedPointer) X(cuGraphicsResourceGetMappedPointer_v2) X(cuMemHostAlloc) X(cuMemHostAlloc_v2) X(cuMemAllocHost) X(cuMemAllocHost_v2) X(cuMemHostRegister) X(cuMemHostRegister_v2)
 #define CBID_CASE(n) case CUPTI_DRIVER_TRACE_CBID_##n:
@@ -284,12 +282,38 @@ static int api_id(CUpti_CallbackId cbid) {
   }
 }
 
+/* e and its compact id (-1: default form) for a launch of `handle`, or NULL when the launch is not
+ * recorded (filtered out, or no memory). Why the thread's last function first: the launch path
+ * then reads one cache line of this thread's instead of the layout table, its slot and the
+ * function's id; a launch loop, a decode step's many launches of one kernel, hit it. Kept only
+ * when CUPTI names the symbol (a handle reused by another kernel is another symbol pointer, as
+ * the layout table checks). */
+static const mc_entry_t *function_of(mc_tl_t *t, void *handle, CUcontext ctx, const char *cupti_symbol,
+                                     int64_t *fn) {
+  if (cupti_symbol && t->handle == handle && t->ctx == ctx && t->symkey == cupti_symbol) {
+    *fn = t->fn;
+    return t->e;
+  }
+  const mc_entry_t *e = mc_layout_get(handle, ctx, cupti_symbol);
+  if (!e) return NULL;
+  if (!e->record) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_FILTERED], 1); return NULL; }
+  /* compact: the function's record is written (once) before this launch's is built */
+  *fn = mc_knobs.compact ? mc_fn_id(e) : -1;
+  if (cupti_symbol && (*fn >= 0 || !mc_knobs.compact)) {
+    t->handle = handle; t->ctx = ctx; t->symkey = cupti_symbol; t->e = e; t->fn = *fn;
+  }
+  return e;
+}
+
 /* Filters, then one launch record (JSON or binary) for L, whose kernel is `handle` (a CUfunction
- * or CUkernel). Fills in time, thread and device. Returns the record's seq, or -1. */
-static int64_t record_launch(mc_launch_t *L, void *handle, const char *cupti_symbol) {
-  const mc_entry_t *e = mc_layout_get(handle, L->ctx, cupti_symbol);
+ * or CUkernel). Fills in time, thread and device, and (ask_graph) whether L's stream is being
+ * captured into a graph: asked only for a launch that will be recorded. Returns the seq, or -1. */
+/* noipa: told that t is always &mc_tl, the compiler would look that TLS address up again at every
+ * use of t (a __tls_get_addr call each) */
+__attribute__((noipa)) static int64_t record_launch(mc_tl_t *t, mc_launch_t *L, void *handle, const char *cupti_symbol, int ask_graph) {
+  int64_t fn = -1;
+  const mc_entry_t *e = function_of(t, handle, L->ctx, cupti_symbol, &fn);
   if (!e) return -1;
-  if (!e->record) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_FILTERED], 1); return -1; }
   if (mc_knobs.skip && atomic_fetch_add(&mc_cnt.eligible, 1) < mc_knobs.skip) {
     atomic_fetch_add(&mc_cnt.dropped[MC_DROP_SKIP], 1);
     return -1;
@@ -299,17 +323,26 @@ static int64_t record_launch(mc_launch_t *L, void *handle, const char *cupti_sym
     atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_LAUNCHES], 1);
     return -1;
   }
+  if (ask_graph && atomic_load_explicit(&mc_capturing, memory_order_relaxed) > 0) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t capid = 0;
+    CUgraph graph = NULL;
+    if (MC_CU_ANSWER(cuStreamGetCaptureInfo, L->stream, &st, &capid, &graph, NULL, NULL, NULL) == CUDA_SUCCESS &&
+        st == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      L->in_graph = 1; L->graph = graph; L->capid = (uint64_t)capid;
+    }
+  }
   L->t_ns = mc_now_ns();
-  L->tid = mc_tid();
-  L->dev = mc_ctx_device(L->ctx);
-  /* compact: the function's record is written (once) before this launch's is built */
-  int64_t fn = mc_knobs.compact ? mc_fn_id(e) : -1;
-  int64_t seq;
-  if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
-    if (fn < 0) {
+  L->tid = mc_tl_tid(t);
+  L->dev = mc_tl_dev(t, L->ctx);
+  if (mc_knobs.compact && fn < 0) { /* the function record could not be written */
+    if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
       atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
       return -1;
     }
+  }
+  int64_t seq;
+  if (mc_knobs.bin) {
     seq = mc_record_bin(L, e, (uint32_t)fn);
   } else {
     jb_t *b = jb_thread();
@@ -330,7 +363,7 @@ static int64_t record_launch(mc_launch_t *L, void *handle, const char *cupti_sym
  * versions begin with the same fields (func .. extra); v2 and later add kern and ctx. */
 typedef struct { CUfunction func; unsigned g[3], b[3], smem; void **kp, **extra; CUkernel kern; CUcontext ctx; } node_kp_t;
 
-static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
+static void on_kernel_node(mc_tl_t *t, CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   CUresult rc = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
   if (rc != CUDA_SUCCESS || !d->functionParams) return;
   const void *np = NULL;     /* the kernel-node parameter struct */
@@ -338,17 +371,16 @@ static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   CUgraph graph = NULL;
   CUgraphExec exec = NULL;
   CUgraphNode node = NULL;
-  const char *api;
   switch (cbid) {
   case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode: {
     const cuGraphAddKernelNode_params *p = d->functionParams;
-    api = "cuGraphAddKernelNode"; np = p->nodeParams; v2 = 0; graph = p->hGraph;
+    np = p->nodeParams; v2 = 0; graph = p->hGraph;
     node = p->phGraphNode ? *p->phGraphNode : NULL;
     break;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2: {
     const cuGraphAddKernelNode_v2_params *p = d->functionParams;
-    api = "cuGraphAddKernelNode_v2"; np = p->nodeParams; graph = p->hGraph;
+    np = p->nodeParams; graph = p->hGraph;
     node = p->phGraphNode ? *p->phGraphNode : NULL;
     break;
   }
@@ -357,11 +389,9 @@ static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
     if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode) {
       const cuGraphAddNode_params *p = d->functionParams;
       gp = p->nodeParams; graph = p->hGraph; node = p->phGraphNode ? *p->phGraphNode : NULL;
-      api = "cuGraphAddNode";
     } else {
       const cuGraphAddNode_v2_params *p = d->functionParams;
       gp = p->nodeParams; graph = p->hGraph; node = p->phGraphNode ? *p->phGraphNode : NULL;
-      api = "cuGraphAddNode_v2";
     }
     if (!gp || gp->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
     np = &gp->kernel;
@@ -369,32 +399,32 @@ static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams: {
     const cuGraphKernelNodeSetParams_params *p = d->functionParams;
-    api = "cuGraphKernelNodeSetParams"; np = p->nodeParams; v2 = 0; node = p->hNode;
+    np = p->nodeParams; v2 = 0; node = p->hNode;
     break;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphKernelNodeSetParams_v2: {
     const cuGraphKernelNodeSetParams_v2_params *p = d->functionParams;
-    api = "cuGraphKernelNodeSetParams_v2"; np = p->nodeParams; node = p->hNode;
+    np = p->nodeParams; node = p->hNode;
     break;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams: {
     const cuGraphExecKernelNodeSetParams_params *p = d->functionParams;
-    api = "cuGraphExecKernelNodeSetParams"; np = p->nodeParams; v2 = 0; node = p->hNode; exec = p->hGraphExec;
+    np = p->nodeParams; v2 = 0; node = p->hNode; exec = p->hGraphExec;
     break;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2: {
     const cuGraphExecKernelNodeSetParams_v2_params *p = d->functionParams;
-    api = "cuGraphExecKernelNodeSetParams_v2"; np = p->nodeParams; node = p->hNode; exec = p->hGraphExec;
+    np = p->nodeParams; node = p->hNode; exec = p->hGraphExec;
     break;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams: case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams: {
     const CUgraphNodeParams *gp;
     if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams) {
       const cuGraphNodeSetParams_params *p = d->functionParams;
-      gp = p->nodeParams; node = p->hNode; api = "cuGraphNodeSetParams";
+      gp = p->nodeParams; node = p->hNode;
     } else {
       const cuGraphExecNodeSetParams_params *p = d->functionParams;
-      gp = p->nodeParams; node = p->hNode; exec = p->hGraphExec; api = "cuGraphExecNodeSetParams";
+      gp = p->nodeParams; node = p->hNode; exec = p->hGraphExec;
     }
     if (!gp || gp->type != CU_GRAPH_NODE_TYPE_KERNEL) return;
     np = &gp->kernel;
@@ -413,16 +443,16 @@ static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
   if (!handle) return;
   atomic_fetch_add_explicit(&mc_cnt.launches, 1, memory_order_relaxed);
-  mc_launch_t L = {0, 0, 0, ctx, NULL, api, 0, 1, exec ? (CUgraph)(void *)exec : graph, 0,
+  mc_launch_t L = {0, 0, 0, ctx, NULL, api_id(cbid), 0, 1, exec ? (CUgraph)(void *)exec : graph, 0,
                    {k1->gridDimX, k1->gridDimY, k1->gridDimZ}, {k1->blockDimX, k1->blockDimY, k1->blockDimZ},
-                   k1->sharedMemBytes, NULL, k1->kernelParams, k1->extra, api_id(cbid)};
-  int64_t seq = record_launch(&L, handle, NULL);
+                   k1->sharedMemBytes, NULL, k1->kernelParams, k1->extra};
+  int64_t seq = record_launch(t, &L, handle, NULL, 0);
   if (seq < 0) return;
   jb_t *b = jb_thread();
   if (!b) return;
   jb_lit(b, "\"event\":\"kernel_node\",\"t_ns\":"); jb_u64(b, mc_now_ns());
   jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)mc_tid());
-  jb_lit(b, ",\"api\":"); jb_str(b, api);
+  jb_lit(b, ",\"api\":"); jb_str(b, mc_api_names[L.api]);
   if (graph) { jb_lit(b, ",\"graph\":"); jb_ptr(b, (uintptr_t)graph); }
   if (exec) { jb_lit(b, ",\"exec\":"); jb_ptr(b, (uintptr_t)exec); }
   jb_lit(b, ",\"node\":"); jb_ptr(b, (uintptr_t)node);
@@ -431,8 +461,7 @@ static void on_kernel_node(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
 }
 
 
-static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
-  const char *api;
+static void on_launch(mc_tl_t *t, CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   CUfunction f;
   unsigned g[3], bl[3], smem;
   CUstream stream;
@@ -442,7 +471,6 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
     const cuLaunchKernel_params *p = d->functionParams;
-    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ? "cuLaunchKernel" : "cuLaunchKernel_ptsz";
     f = p->f; g[0] = p->gridDimX; g[1] = p->gridDimY; g[2] = p->gridDimZ;
     bl[0] = p->blockDimX; bl[1] = p->blockDimY; bl[2] = p->blockDimZ; smem = p->sharedMemBytes;
     stream = p->hStream; kp = p->kernelParams; extra = p->extra;
@@ -451,8 +479,6 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
     const cuLaunchCooperativeKernel_params *p = d->functionParams;
-    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel ? "cuLaunchCooperativeKernel"
-                                                                      : "cuLaunchCooperativeKernel_ptsz";
     f = p->f; g[0] = p->gridDimX; g[1] = p->gridDimY; g[2] = p->gridDimZ;
     bl[0] = p->blockDimX; bl[1] = p->blockDimY; bl[2] = p->blockDimZ; smem = p->sharedMemBytes;
     stream = p->hStream; kp = p->kernelParams;
@@ -460,7 +486,6 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
   default: {
     const cuLaunchKernelEx_params *p = d->functionParams;
-    api = cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx ? "cuLaunchKernelEx" : "cuLaunchKernelEx_ptsz";
     cfg = p->config;
     if (!cfg) return;
     f = p->f; g[0] = cfg->gridDimX; g[1] = cfg->gridDimY; g[2] = cfg->gridDimZ;
@@ -471,20 +496,10 @@ static void on_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   }
   atomic_fetch_add_explicit(&mc_cnt.launches, 1, memory_order_relaxed);
   CUresult result = d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
-  stream = norm_stream(cbid, stream);
-  int in_graph = 0;
-  cuuint64_t capid = 0;
-  CUgraph graph = NULL;
-  if (atomic_load_explicit(&mc_capturing, memory_order_relaxed) > 0) {
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (MC_CU_ANSWER(cuStreamGetCaptureInfo, stream, &st, &capid, &graph, NULL, NULL, NULL) == CUDA_SUCCESS &&
-        st == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-      in_graph = 1;
-  }
-  mc_launch_t L = {0, 0, 0, d->context, stream, api, (int)result, in_graph, graph,
-                   (uint64_t)capid, {g[0], g[1], g[2]}, {bl[0], bl[1], bl[2]}, smem, cfg, kp, extra, api_id(cbid)};
-  int64_t seq = record_launch(&L, (void *)f, d->symbolName);
-  if (seq >= 0 && in_graph) capture_note_launch(capid, seq);
+  mc_launch_t L = {0, 0, 0, d->context, norm_stream(cbid, stream), api_id(cbid), (int)result, 0, NULL, 0,
+                   {g[0], g[1], g[2]}, {bl[0], bl[1], bl[2]}, smem, cfg, kp, extra};
+  int64_t seq = record_launch(t, &L, (void *)f, d->symbolName, 1);
+  if (seq >= 0 && L.in_graph) capture_note_launch(L.capid, seq);
 }
 
 static void alloc_log_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
@@ -511,12 +526,13 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   }
   if (dom != CUPTI_CB_DOMAIN_DRIVER_API || mc_knobs.noop) return;
   const CUpti_CallbackData *d = cbdata;
-  if (tl_in_cb) return;
+  mc_tl_t *t = &mc_tl;
+  if (t->in_cb) return;
   if (d->callbackSite != CUPTI_API_EXIT) {
     if (mc_knobs.alloc_log) mc_alloc_log_entry(cbid, d->correlationId); /* frees: stamped at entry */
     return;
   }
-  tl_in_cb = 1;
+  t->in_cb = 1;
   switch (cbid) {
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
@@ -524,10 +540,10 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
     if (mc_knobs.selftime) {
       uint64_t t0 = mc_now_ns();
-      on_launch(cbid, d);
+      on_launch(t, cbid, d);
       atomic_fetch_add_explicit(&mc_cnt.self_ns, mc_now_ns() - t0, memory_order_relaxed);
       atomic_fetch_add_explicit(&mc_cnt.self_launches, 1, memory_order_relaxed);
-    } else on_launch(cbid, d);
+    } else on_launch(t, cbid, d);
     break;
   case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode: case CUPTI_DRIVER_TRACE_CBID_cuGraphAddKernelNode_v2:
   case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode: case CUPTI_DRIVER_TRACE_CBID_cuGraphAddNode_v2:
@@ -535,7 +551,7 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams:
   case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2:
   case CUPTI_DRIVER_TRACE_CBID_cuGraphNodeSetParams: case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams:
-    on_kernel_node(cbid, d);
+    on_kernel_node(t, cbid, d);
     break;
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoad: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData:
   case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadDataEx: case CUPTI_DRIVER_TRACE_CBID_cuModuleLoadFatBinary:
@@ -569,8 +585,8 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
     on_graph(cbid, d);
     break;
   }
-  mc_thread_api_done();
-  tl_in_cb = 0;
+  t->nloaded = 0;   /* layout.c: modules loaded during this call are forgotten at its end */
+  t->in_cb = 0;
 }
 
 static const CUpti_CallbackId launch_ids[] = {
@@ -628,5 +644,5 @@ int mc_enable_callbacks(CUpti_SubscriberHandle sub) {
 void mc_callbacks_reset_after_fork(void) {
   pthread_mutex_init(&tmap_lock, NULL);
   pthread_mutex_init(&cap_lock, NULL);
-  tl_in_cb = 0;
+  mc_tl.in_cb = 0;
 }

@@ -3,11 +3,12 @@
  * Kept apart from init.c so the CPU harnesses compile the same code the launch path runs. */
 #include "mc.h"
 
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-static __thread int tl_tid;
+__thread mc_tl_t mc_tl;
 
 uint64_t mc_now_ns(void) {
   struct timespec ts;
@@ -15,18 +16,27 @@ uint64_t mc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void mc_ident_reset_after_fork(void) { tl_tid = 0; } /* the child is another thread */
+void mc_ident_reset_after_fork(void) { memset(&mc_tl, 0, sizeof mc_tl); } /* another thread, new ids */
 
 int mc_tid(void) {
-  if (!tl_tid) tl_tid = (int)syscall(SYS_gettid);
-  return tl_tid;
+  if (!mc_tl.tid) mc_tl.tid = (int)syscall(SYS_gettid);
+  return mc_tl.tid;
 }
 
 /* ---- context -> device ordinal, lock-free ---- */
 #define NCTX 64
 static struct { _Atomic(uintptr_t) ctx; atomic_int dev; } ctxdev[NCTX];
 
-int mc_ctx_device(CUcontext ctx) {
+static int ctx_device(CUcontext ctx);
+
+int mc_ctx_device(CUcontext ctx) { /* the thread's last context first: one line, no scan */
+  if (ctx && ctx == mc_tl.dev_ctx) return mc_tl.dev;
+  int dev = ctx_device(ctx);
+  if (dev >= 0) { mc_tl.dev_ctx = ctx; mc_tl.dev = dev; }
+  return dev;
+}
+
+static int ctx_device(CUcontext ctx) {
   if (!ctx) return -1;
   for (int i = 0; i < NCTX; i++) {
     uintptr_t c = atomic_load_explicit(&ctxdev[i].ctx, memory_order_acquire);

@@ -50,7 +50,6 @@ static pthread_mutex_t mod_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define TL_LOADED 16
 static __thread uint32_t tl_loaded[TL_LOADED];
-static __thread int tl_nloaded;
 
 static void table_init(void) { table = calloc(SLOTS, sizeof(slot_t)); }
 
@@ -129,7 +128,7 @@ void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size
     m->nent = hashes ? nent : 0; m->ent_hash = hashes;
   }
   pthread_mutex_unlock(&mod_lock);
-  if (tl_nloaded < TL_LOADED) tl_loaded[tl_nloaded++] = id;
+  if (mc_tl.nloaded < TL_LOADED) tl_loaded[mc_tl.nloaded++] = id;
 
   atomic_fetch_add(&mc_cnt.modules, 1);
   snprintf(rel, sizeof rel, "cubins/%s.cubin", sha);
@@ -173,14 +172,12 @@ void mc_module_unloading(CUcontext ctx, uint32_t id) {
 }
 
 void mc_module_note_hmod(CUmodule hmod) {
-  if (!hmod || tl_nloaded != 1) return;
+  if (!hmod || mc_tl.nloaded != 1) return;
   pthread_mutex_lock(&mod_lock);
   for (size_t i = nmods; i-- > 0;)
     if (mods[i].alive && mods[i].id == tl_loaded[0]) { mods[i].hmod = hmod; break; }
   pthread_mutex_unlock(&mod_lock);
 }
-
-void mc_thread_api_done(void) { tl_nloaded = 0; }
 
 /* Returns the index of the linked module in mods[] or -1; called with mod_lock held. */
 static long link_module(CUcontext ctx, CUmodule hmod, const char *symbol) {
@@ -201,7 +198,7 @@ static long link_module(CUcontext ctx, CUmodule hmod, const char *symbol) {
   if (pick < 0) { /* loaded during this API call on this thread */
     int hits = 0;
     for (int c = 0; c < nc; c++)
-      for (int t = 0; t < tl_nloaded; t++)
+      for (int t = 0; t < mc_tl.nloaded; t++)
         if (mods[cand[c]].id == tl_loaded[t]) { hits++; pick = cand[c]; }
     if (hits != 1) pick = -1;
   }
@@ -278,6 +275,12 @@ static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_sy
       if (n > 8192) break;
     }
     if (r == CUDA_ERROR_INVALID_VALUE || n > 0) {
+      uint32_t *both = malloc(((size_t)n + 1) * 8); /* off and size in one block: fewer lines per launch */
+      if (both) {
+        memcpy(both, off, (size_t)n * 4); memcpy(both + n, sz, (size_t)n * 4);
+        free(off); free(sz);
+        off = both; sz = both + n;
+      }
       e->nparams = (int)n; e->off = off; e->size = sz;
       e->layout_src = use_kernel ? "kernel" : "function";
     } else {
@@ -357,5 +360,5 @@ const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_s
 
 void mc_layout_reset_after_fork(void) {
   pthread_mutex_init(&mod_lock, NULL);
-  tl_nloaded = 0;
+  mc_tl.nloaded = 0;
 }

@@ -61,30 +61,31 @@ void mc_note_error(int fn, int code, int fatal);
 #define MC_CUPTI_FATAL(fn, ...) ({ CUptiResult _r = fn(__VA_ARGS__); \
   if (_r != CUPTI_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 1); } _r; })
 
-/* Knobs (capture/knobs.py lists the same variables with the same defaults). */
+/* Knobs (capture/knobs.py lists the same variables with the same defaults). The fields the launch
+ * path reads come first, so they share the struct's first cache line. */
 typedef struct {
+  int noop;                  /* MINE_CAPTURE_NOOP=1: the driver-API callback returns at once
+                                (diagnostic: CUPTI's own cost per launch, nothing recorded) */
+  int selftime;              /* MINE_CAPTURE_SELFTIME=1: time spent recording each launch (on_launch)
+                                summed in counters.self_ns / self_launches (diagnostic) */
+  int bin;                   /* MINE_CAPTURE_FORMAT=bin: launches.bin records (record.c); implies
+                                compact, alloc_log and no_classify */
+  int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
+                                launches carry "fn" (record.c) */
+  int alloc_log;             /* MINE_CAPTURE_ALLOC_LOG=1: allocation/free/mapping events to
+                                allocs.jsonl (alloc.c), for offline pointer classification */
+  int no_classify;           /* MINE_CAPTURE_CLASSIFY=0: no "ptrs"/"host"/"tmap" keys (diagnostic:
+                                times the writer without pointer classification) */
+  int no_prefault;           /* MINE_CAPTURE_PREFAULT=0: mmap writer without the helper thread or
+                                madvise; pages fault in on first touch (diagnostic) */
+  unsigned host_bytes;
+  uint64_t max_launches, max_bytes, skip;
+  int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
+  int modules_only;
+  int has_include, has_exclude;
   char dir[4096];
   char include[1024], exclude[1024];
   regex_t include_re, exclude_re;
-  int has_include, has_exclude;
-  uint64_t max_launches, max_bytes, skip;
-  int modules_only;
-  unsigned host_bytes;
-  int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
-  int no_prefault;           /* MINE_CAPTURE_PREFAULT=0: mmap writer without the helper thread or
-                                madvise; pages fault in on first touch (diagnostic) */
-  int no_classify;           /* MINE_CAPTURE_CLASSIFY=0: no "ptrs"/"host"/"tmap" keys (diagnostic:
-                                times the writer without pointer classification) */
-  int alloc_log;             /* MINE_CAPTURE_ALLOC_LOG=1: allocation/free/mapping events to
-                                allocs.jsonl (alloc.c), for offline pointer classification */
-  int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
-                                launches carry "fn" (record.c) */
-  int selftime;              /* MINE_CAPTURE_SELFTIME=1: time spent recording each launch (on_launch)
-                                summed in counters.self_ns / self_launches (diagnostic) */
-  int noop;                  /* MINE_CAPTURE_NOOP=1: the driver-API callback returns at once
-                                (diagnostic: CUPTI's own cost per launch, nothing recorded) */
-  int bin;                   /* MINE_CAPTURE_FORMAT=bin: launches.bin records (record.c); implies
-                                compact, alloc_log and no_classify */
 } mc_knobs_t;
 extern mc_knobs_t mc_knobs;
 
@@ -112,6 +113,26 @@ uint64_t mc_now_ns(void);
 int mc_tid(void);
 int mc_ctx_device(CUcontext ctx);
 void mc_ident_reset_after_fork(void);
+
+/* What the launch path keeps per thread, in one cache line (ident.c). Hazard: the initial-exec TLS
+ * model would save the __tls_get_addr calls, but it puts the library's whole TLS block (~11 KB)
+ * in glibc's static TLS surplus, and dlopen of the library then fails in a process that used it
+ * up (seen in CPython); the default model stays. */
+struct mc_entry;
+typedef struct {
+  int in_cb;                     /* callbacks.c: inside our callback (our driver calls not re-entered) */
+  int tid;                       /* mc_tid() */
+  int nloaded;                   /* layout.c: modules loaded during this thread's current API call */
+  int dev;                       /* mc_ctx_device() of dev_ctx */
+  CUcontext dev_ctx;
+  /* callbacks.c: the function this thread launched last, with its compact id */
+  void *handle; CUcontext ctx; const char *symkey; const struct mc_entry *e; int64_t fn;
+} __attribute__((aligned(64))) mc_tl_t;
+extern __thread mc_tl_t mc_tl;
+/* The same answers as mc_tid() / mc_ctx_device() from a thread's mc_tl already in hand (one TLS
+ * address lookup per callback instead of one per question). */
+static inline int mc_tl_tid(mc_tl_t *t) { return t->tid ? t->tid : mc_tid(); }
+static inline int mc_tl_dev(mc_tl_t *t, CUcontext c) { return c && c == t->dev_ctx ? t->dev : mc_ctx_device(c); }
 void mc_meta_write(int final);
 
 /* writer.c: a growable per-thread JSON buffer and the dump files. */
@@ -141,26 +162,28 @@ const char *mc_pid_dir(void);
 void mc_sha256_hex(const void *p, size_t n, char out[65]);
 
 /* layout.c */
-typedef struct {
-  void *handle; CUcontext ctx; CUfunction func;
-  int is_kernel;            /* 1 CUkernel, 0 CUfunction, -1 unknown */
-  int record;               /* passes include/exclude */
-  int nparams;              /* -1: layout unknown */
-  const char *layout_src;   /* "kernel" | "function" | "none" */
-  uint32_t *off, *size;
-  char *symbol;             /* mangled, owned */
-  const char *symbol_key;   /* CUPTI's pointer seen when cached */
-  char *frag; size_t frag_n;/* precomputed JSON: "handle".."attrs":{..}, */
+typedef struct mc_entry {
+  /* first cache line: what every launch of the function reads */
   _Atomic uint64_t fn_tag;  /* compact: (generation << 32) | (function id + 1); 0 none (record.c) */
+  uint32_t *off, *size;     /* one block: size = off + nparams */
+  int nparams;              /* -1: layout unknown */
+  int record;               /* passes include/exclude */
   atomic_uint host_seen;    /* bin: launches whose words were checked for host pointees (alloc.c) */
   atomic_uint host_n;       /* bin: learnt host-pointer words, offsets in host_at (<= MC_HOST_WORDS) */
+  const char *symbol_key;   /* CUPTI's pointer seen when cached */
+  void *handle; CUcontext ctx;
+  /* the rest: read when the function is first seen, or with a host-pointer word */
+  CUfunction func;
+  int is_kernel;            /* 1 CUkernel, 0 CUfunction, -1 unknown */
+  const char *layout_src;   /* "kernel" | "function" | "none" */
+  char *symbol;             /* mangled, owned */
+  char *frag; size_t frag_n;/* precomputed JSON: "handle".."attrs":{..}, */
   uint32_t host_at[8];      /* bin: parameter-buffer byte offsets of the learnt host-pointer words */
 } mc_entry_t;
 const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_symbol);
 void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size);
 void mc_module_unloading(CUcontext ctx, uint32_t id);
 void mc_module_note_hmod(CUmodule hmod); /* after cuModuleLoad*: link hmod to this call's module */
-void mc_thread_api_done(void);           /* forget "modules loaded during this call" */
 void mc_layout_reset_after_fork(void);
 
 /* alloc.c */
@@ -189,12 +212,15 @@ void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const voi
 
 /* record.c: one launch, as the callback saw it; formatting is pure (tested on CPU). */
 typedef struct {
-  uint64_t t_ns; int tid, dev; CUcontext ctx; CUstream stream; const char *api; int result;
+  uint64_t t_ns; int tid, dev; CUcontext ctx; CUstream stream;
+  int api;                  /* the entry point: an index in mc_api_names (the binary form's api byte) */
+  int result;
   int in_graph; CUgraph graph; uint64_t capid;
   unsigned grid[3], block[3], smem;
   const CUlaunchConfig *cfg; void **kp, **extra;
-  int api_id;               /* bin: index of api in the record's api table (record.c) */
 } mc_launch_t;
+#define MC_API_COUNT 16
+extern const char *const mc_api_names[MC_API_COUNT]; /* docs/dump-format.md "Binary launch records" */
 /* The launch record body; fn >= 0: the compact form ("fn", params without off/size). */
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn);
 /* Compact form: e's function id, its functions.jsonl record written first; -1: write the launch

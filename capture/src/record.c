@@ -182,13 +182,22 @@ static void launch_attrs(jb_t *b, const CUlaunchConfig *cfg) {
   jb_lit(b, "}");
 }
 
+const char *const mc_api_names[MC_API_COUNT] = {
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
+    /* kernel nodes of explicitly built graphs, recorded when defined (callbacks.c) */
+    "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "cuGraphAddNode", "cuGraphAddNode_v2",
+    "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "cuGraphExecKernelNodeSetParams",
+    "cuGraphExecKernelNodeSetParams_v2", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams"};
+
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn) {
   jb_lit(b, "\"t_ns\":"); jb_u64(b, L->t_ns);
   jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)L->tid);
   jb_lit(b, ",\"dev\":"); jb_i64(b, L->dev);
   jb_lit(b, ",\"ctx\":"); jb_ptr(b, (uintptr_t)L->ctx);
   jb_lit(b, ",\"stream\":"); jb_ptr(b, (uintptr_t)L->stream);
-  jb_lit(b, ",\"api\":\""); jb_raw(b, L->api, strlen(L->api));
+  const char *api = L->api >= 0 && L->api < MC_API_COUNT ? mc_api_names[L->api] : "unknown";
+  jb_lit(b, ",\"api\":\""); jb_raw(b, api, strlen(api));
   jb_lit(b, "\",\"result\":"); jb_i64(b, L->result);
   jb_lit(b, ",\"graph\":");
   if (L->in_graph) {
@@ -306,7 +315,7 @@ static size_t bin_fill(unsigned char *r, const mc_launch_t *L, const mc_entry_t 
   put32(r + 68, (uint32_t)L->result);
   for (int k = 0; k < 3; k++) { put32(r + 72 + 4 * k, L->grid[k]); put32(r + 84 + 4 * k, L->block[k]); }
   put32(r + 96, L->smem);
-  r[100] = (unsigned char)L->api_id;
+  r[100] = (unsigned char)L->api;
   r[101] = (unsigned char)s->flags;
   r[102] = (unsigned char)s->nattrs;
   put32(r + 104, (uint32_t)s->blob_len);
