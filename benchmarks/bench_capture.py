@@ -15,6 +15,11 @@ Configurations (same binary, environment only):
   bin_<writer>[_pf<0|1>]              MINE_CAPTURE_FORMAT=bin (binary records, launches.bin)
   <name>_self                         that configuration with MINE_CAPTURE_SELFTIME=1: also reports the ns
                                       per launch spent inside the recording code (meta.json counters)
+  bin_mmap_pf1_alt, json_write_alt    MINE_CAPTURE_ALTERNATE=1000: the library records alternate blocks
+                                      of 1000 launches; bench_launch times every block, and
+                                      in_process_added_us is recorded minus unrecorded blocks of one
+                                      process (recording's cost above CUPTI's, free of the drift
+                                      between processes)
 `--configs a,b,...` runs only those (and baseline); `--before-lib LIB` runs each of them also with
 another build of the library (name@before), to compare two commits in one session.
 The launch loop runs every configuration `--repeats` times, interleaved; the model forward
@@ -77,6 +82,9 @@ def full_configs(inj: dict) -> dict:
     for writer, pf in (("write", "1"), ("mmap", "1"), ("mmap", "0")):
         name = f"bin_{writer}" + (f"_pf{pf}" if writer == "mmap" else "")
         out[name] = dict(inj, MINE_CAPTURE_FORMAT="bin", MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf)
+    # recording's cost inside one process: alternate blocks of 1000 launches recorded / passed
+    out["bin_mmap_pf1_alt"] = dict(out["bin_mmap_pf1"], MINE_CAPTURE_ALTERNATE="1000")
+    out["json_write_alt"] = dict(inj, MINE_CAPTURE_ALTERNATE="1000")
     for name in ("filtered", "write_cls1", "bin_mmap_pf1"):   # + time spent inside on_launch
         base = out.get(name) or dict(inj, MINE_CAPTURE_INCLUDE="^no_such_kernel$")
         out[f"{name}_self"] = dict(base, MINE_CAPTURE_SELFTIME="1")
@@ -174,9 +182,13 @@ def main() -> None:
     res = {name: [] for name in configs}
     rec_bytes = {}
     self_time: dict[str, list] = {}
+    blocks: dict[str, list] = {}
     for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
         for name, env in configs.items():
-            res[name].append(run_json([str(exe), str(args.launches)], env)["us_per_launch"])
+            r = run_json([str(exe), str(args.launches)], env)
+            res[name].append(r["us_per_launch"])
+            if "block_diff_us" in r:
+                blocks.setdefault(name, []).append({k: r[k] for k in ("recorded_us", "passed_us", "block_diff_us")})
             rec_bytes[name] = dump_bytes(dump)
             if (ns := self_ns(dump)) is not None:
                 self_time.setdefault(name, []).append(ns)
@@ -191,7 +203,13 @@ def main() -> None:
                       "spread_us": {k: round(max(v) - min(v), 3) for k, v in res.items()},
                       "added_us_per_launch": {k: round(med[k] - med["baseline"], 3) for k in med if k != "baseline"},
                       "launches_jsonl_bytes": rec_bytes, "seconds": round(time.monotonic() - t0, 1),
-                      "self_ns_per_launch": {k: statistics.median(v) for k, v in self_time.items()}}
+                      "self_ns_per_launch": {k: statistics.median(v) for k, v in self_time.items()},
+                      # *_alt: recorded minus unrecorded blocks of the same process (no process-to-process drift)
+                      "in_process_added_us": {k: {"median": round(statistics.median(b["block_diff_us"] for b in v), 4),
+                                                  "all": [b["block_diff_us"] for b in v],
+                                                  "recorded_us": [b["recorded_us"] for b in v],
+                                                  "passed_us": [b["passed_us"] for b in v]}
+                                              for k, v in blocks.items()}}
     save()
 
     if args.forwards <= 0:   # loop only

@@ -58,6 +58,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_SELFTIME", "0",
          "1 = time the recording of each launch inside the callback; meta.json counters self_ns and "
          "self_launches (diagnostic, for benchmarks/bench_capture.py)", "bool"),
+    Knob("MINE_CAPTURE_ALTERNATE", "0",
+         "N > 0 = launches are counted from the process's first; those in odd blocks of N are not recorded "
+         "(the callback returns at once): recording's cost against CUPTI's alone inside one process "
+         "(diagnostic, for benchmarks/bench_capture.py)", "uint"),
     Knob("MINE_CAPTURE_FORMAT", "json",
          "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
          "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "

@@ -107,6 +107,7 @@ static void read_knobs(void) {
   mc_knobs.compact = env_u64("MINE_CAPTURE_COMPACT", 0) != 0;
   mc_knobs.noop = env_u64("MINE_CAPTURE_NOOP", 0) != 0;
   mc_knobs.selftime = env_u64("MINE_CAPTURE_SELFTIME", 0) != 0;
+  mc_knobs.alternate = env_u64("MINE_CAPTURE_ALTERNATE", 0);
   const char *fmt = getenv("MINE_CAPTURE_FORMAT");
   if (fmt && *fmt && strcmp(fmt, "json") != 0) {
     if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
@@ -224,6 +225,7 @@ void mc_meta_write(int final) {
   if (mc_knobs.compact) jb_lit(&b, ",\"compact\":1"); /* absent by default: default meta.json unchanged */
   if (mc_knobs.bin) jb_lit(&b, ",\"format\":\"bin\"");
   if (mc_knobs.noop) jb_lit(&b, ",\"noop\":1");
+  if (mc_knobs.alternate) { jb_lit(&b, ",\"alternate\":"); jb_u64(&b, mc_knobs.alternate); }
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);

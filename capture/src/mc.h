@@ -80,6 +80,9 @@ typedef struct {
                                 madvise; pages fault in on first touch (diagnostic) */
   unsigned host_bytes;
   uint64_t max_launches, max_bytes, skip;
+  uint64_t alternate;        /* MINE_CAPTURE_ALTERNATE=N: launches in alternate blocks of N are not
+                                recorded (callback returns at once): recording's cost measured inside
+                                one process (diagnostic, benchmarks/bench_launch.cu) */
   int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
   int modules_only;
   int has_include, has_exclude;
