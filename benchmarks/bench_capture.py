@@ -15,6 +15,10 @@ Configurations (same binary, environment only):
   bin_<writer>[_pf<0|1>]              MINE_CAPTURE_FORMAT=bin (binary records, launches.bin)
   <name>_self                         that configuration with MINE_CAPTURE_SELFTIME=1: also reports the ns
                                       per launch spent inside the recording code (meta.json counters)
+  bin_mmap_pf1_toggle, noop_toggle    MINE_CAPTURE_TOGGLE_MS=20: the library switches its launch callbacks
+                                      off and on every 20 ms; bench_launch marks every 200 launches, and
+                                      in_process_toggle_us is "on" minus "off" phases of one process: the
+                                      whole capture's cost per launch (CUPTI's included)
   bin_mmap_pf1_alt, json_write_alt    MINE_CAPTURE_ALTERNATE=1000: the library records alternate blocks
                                       of 1000 launches; bench_launch times every block, and
                                       in_process_added_us is recorded minus unrecorded blocks of one
@@ -82,6 +86,9 @@ def full_configs(inj: dict) -> dict:
     for writer, pf in (("write", "1"), ("mmap", "1"), ("mmap", "0")):
         name = f"bin_{writer}" + (f"_pf{pf}" if writer == "mmap" else "")
         out[name] = dict(inj, MINE_CAPTURE_FORMAT="bin", MINE_CAPTURE_WRITER=writer, MINE_CAPTURE_PREFAULT=pf)
+    # the whole capture's cost inside one process: launch callbacks switched off/on every 20 ms
+    out["bin_mmap_pf1_toggle"] = dict(out["bin_mmap_pf1"], MINE_CAPTURE_TOGGLE_MS="20", MINE_BENCH_MARKS="200")
+    out["noop_toggle"] = dict(inj, MINE_CAPTURE_NOOP="1", MINE_CAPTURE_TOGGLE_MS="20", MINE_BENCH_MARKS="200")
     # recording's cost inside one process: alternate blocks of 1000 launches recorded / passed
     out["bin_mmap_pf1_alt"] = dict(out["bin_mmap_pf1"], MINE_CAPTURE_ALTERNATE="1000")
     out["json_write_alt"] = dict(inj, MINE_CAPTURE_ALTERNATE="1000")
@@ -113,6 +120,38 @@ def _paired_ratio(f_res: dict) -> dict:
         if rs:
             out[c] = {"median": round(statistics.median(rs), 3), "all": [round(x, 3) for x in rs]}
     return out
+
+
+def toggle_split(marks: list[int], block: int, dump: Path) -> dict | None:
+    """Blocks of one process sorted by the library's switch times (meta.json "toggles"): launch
+    callbacks on or off for the whole block (blocks within 50 us of a switch are left out). added_us:
+    the median over "on" phases of (phase mean - the mean of the two "off" phases around it)."""
+    metas = list(dump.glob("pid*/meta.json")) if dump.exists() else []
+    if not metas or len(marks) < 3:
+        return None
+    toggles = json.loads(metas[0].read_text()).get("toggles") or []
+    if not toggles:
+        return None
+    edges = [t for t, _ in toggles]
+    import bisect
+    phases: list[tuple[int, list[float]]] = []   # (on, per-launch us of its blocks)
+    for a, b in zip(marks, marks[1:]):
+        i = bisect.bisect_right(edges, a - 50_000)
+        if i < len(edges) and edges[i] <= b + 50_000:
+            continue                                  # a switch near or inside this block
+        on = 1 if i == 0 else toggles[i - 1][1]
+        if not phases or phases[-1][0] != on or phases[-1][2] != i:
+            phases.append((on, [], i))
+        phases[-1][1].append((b - a) / 1000 / block)
+    means = [(on, statistics.mean(v)) for on, v, _ in phases if v]
+    diffs = [m - (means[k - 1][1] + means[k + 1][1]) / 2 for k, (on, m) in enumerate(means)
+             if on and 0 < k < len(means) - 1 and not means[k - 1][0] and not means[k + 1][0]]
+    on_all = [m for on, m in means if on]
+    off_all = [m for on, m in means if not on]
+    if not diffs:
+        return None
+    return {"added_us": round(statistics.median(diffs), 4), "phases": len(means),
+            "on_us": round(statistics.mean(on_all), 4), "off_us": round(statistics.mean(off_all), 4)}
 
 
 def dump_bytes(d: Path) -> int:
@@ -183,10 +222,13 @@ def main() -> None:
     rec_bytes = {}
     self_time: dict[str, list] = {}
     blocks: dict[str, list] = {}
+    toggled: dict[str, list] = {}
     for _ in range(args.repeats):  # interleaved, so drift hits every configuration alike
         for name, env in configs.items():
             r = run_json([str(exe), str(args.launches)], env)
             res[name].append(r["us_per_launch"])
+            if "marks_ns" in r and (sp := toggle_split(r["marks_ns"], r["block"], dump)):
+                toggled.setdefault(name, []).append(sp)
             if "block_diff_us" in r:
                 blocks.setdefault(name, []).append({k: r[k] for k in ("recorded_us", "passed_us", "block_diff_us")})
             rec_bytes[name] = dump_bytes(dump)
@@ -209,7 +251,13 @@ def main() -> None:
                                                   "all": [b["block_diff_us"] for b in v],
                                                   "recorded_us": [b["recorded_us"] for b in v],
                                                   "passed_us": [b["passed_us"] for b in v]}
-                                              for k, v in blocks.items()}}
+                                              for k, v in blocks.items()},
+                      # *_toggle: launch callbacks on minus off, phases of one process
+                      "in_process_toggle_us": {k: {"median": round(statistics.median(x["added_us"] for x in v), 4),
+                                                   "all": [x["added_us"] for x in v],
+                                                   "on_us": [x["on_us"] for x in v], "off_us": [x["off_us"] for x in v],
+                                                   "phases": [x["phases"] for x in v]}
+                                               for k, v in toggled.items()}}
     save()
 
     if args.forwards <= 0:   # loop only
@@ -221,11 +269,15 @@ def main() -> None:
     f_res = {k: [] for k in order}
     f_bytes = {}
     f_sec = {}
+    f_toggled: dict[str, list] = {}
     try:
         for _ in range(args.forward_repeats):
             for cfg in order + ["baseline"]:
                 t1 = time.monotonic()
-                f_res[cfg].append(run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], configs[cfg]))
+                r = run_json([sys.executable, str(fwd), "--bench", str(args.forwards)], configs[cfg])
+                f_res[cfg].append(r)
+                if "marks_ns" in r and (sp := toggle_split(r["marks_ns"], r["block"], dump)):
+                    f_toggled.setdefault(cfg, []).append(sp)
                 f_sec[cfg] = round(time.monotonic() - t1, 1)
                 f_bytes[cfg] = dump_bytes(dump)
                 subprocess.run(["rm", "-rf", str(dump)])
@@ -239,6 +291,11 @@ def main() -> None:
                     "paired_ratio_eager": _paired_ratio(f_res),
                     "ratio_graph": {c: round(v["graph_us_per_forward"] / b["graph_us_per_forward"], 3) for c, v in fw.items()},
                     "launches_jsonl_bytes": f_bytes, "seconds_per_process": f_sec,
+                    # *_toggle: us per eager forward, launch callbacks on minus off inside one process
+                    "in_process_toggle": {c: {"added_us": [x["added_us"] for x in v],
+                                              "ratio": [round(x["on_us"] / x["off_us"], 4) for x in v],
+                                              "median_ratio": round(statistics.median(x["on_us"] / x["off_us"] for x in v), 4)}
+                                          for c, v in f_toggled.items()},
                     "seconds": round(time.monotonic() - t0, 1)}
                 save()
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:

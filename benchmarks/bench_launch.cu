@@ -6,6 +6,9 @@
 // B timed launches is timed on its own, and the line also gives "recorded_us" and "passed_us",
 // the mean per launch over blocks recorded and blocks passed unrecorded, and "block_diff_us",
 // the median over recorded blocks of (recorded - the mean of its two unrecorded neighbours).
+// Under MINE_BENCH_MARKS=B the line also gives "marks_ns": the CLOCK_MONOTONIC time at the start of
+// every block of B timed launches and after the last (bench_capture.py sorts the blocks by the
+// capture library's MINE_CAPTURE_TOGGLE_MS switch times).
 #include <cuda_runtime.h>
 #include <chrono>
 #include <cstdio>
@@ -23,8 +26,9 @@ int main(int argc, char **argv) {
   if (cudaMalloc(&x, 1 << 20) || cudaMalloc(&y, 1 << 20)) { fprintf(stderr, "cudaMalloc failed\n"); return 1; }
   for (int i = 0; i < 1000; i++) k_empty<<<1, 32>>>(y, x, 1.0f, i);  // warm-up, lazy load, caches
   cudaDeviceSynchronize();
-  const char *alt = getenv("MINE_CAPTURE_ALTERNATE");
+  const char *alt = getenv("MINE_CAPTURE_ALTERNATE"), *mk = getenv("MINE_BENCH_MARKS");
   long B = alt ? atol(alt) : 0;
+  if (mk && atol(mk) > 0) B = atol(mk);
   std::vector<std::chrono::steady_clock::time_point> marks;
   if (B > 0) marks.reserve(n / B + 2);
   auto t0 = std::chrono::steady_clock::now();
@@ -38,7 +42,13 @@ int main(int argc, char **argv) {
   if (cudaGetLastError()) { fprintf(stderr, "launch failed\n"); return 1; }
   double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
   printf("{\"launches\": %d, \"us_per_launch\": %.4f", n, us);
-  if (B > 0 && marks.size() > 4) {
+  if (B > 0 && mk) {  // steady_clock is CLOCK_MONOTONIC with libstdc++ on Linux
+    printf(", \"block\": %ld, \"marks_ns\": [", B);
+    for (size_t k = 0; k < marks.size(); k++)
+      printf("%s%lld", k ? "," : "", (long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         marks[k].time_since_epoch()).count());
+    printf("]");
+  } else if (B > 0 && marks.size() > 4) {
     std::vector<double> blk;  // us per launch of each whole block
     for (size_t k = 0; k + 1 < marks.size() && (long)(k + 1) * B <= n; k++)
       blk.push_back(std::chrono::duration<double, std::micro>(marks[k + 1] - marks[k]).count() / B);

@@ -62,6 +62,10 @@ KNOBS: tuple[Knob, ...] = (
          "N > 0 = launches are counted from the process's first; those in odd blocks of N are not recorded "
          "(the callback returns at once): recording's cost against CUPTI's alone inside one process "
          "(diagnostic, for benchmarks/bench_capture.py)", "uint"),
+    Knob("MINE_CAPTURE_TOGGLE_MS", "0",
+         "T > 0 = a thread switches the launch callbacks off and on every T ms and meta.json lists the switch "
+         "times (\"toggles\"): the whole capture's cost against no launch callbacks inside one process "
+         "(diagnostic, for benchmarks/bench_capture.py)", "uint"),
     Knob("MINE_CAPTURE_FORMAT", "json",
          "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
          "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "

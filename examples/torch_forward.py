@@ -3,6 +3,9 @@
     mine capture -o dumps/torch -- python examples/torch_forward.py
     python examples/torch_forward.py --bench 200     # 5 blocks of 200 forwards of each kind; the
                                                      # fastest block's mean, one JSON line
+    MINE_BENCH_MARKS=1 ... --bench 200               # also 4000 eager forwards, each one's start time
+                                                     # (CLOCK_MONOTONIC) in "marks_ns", for
+                                                     # benchmarks/bench_capture.py's toggled runs
 
 The model is a 2-layer pre-norm MLP block stack in bf16: LayerNorm, Linear (bf16 matmul ->
 cuBLASLt, whose GEMMs launch with packed `extra` parameters), GELU, residual adds, softmax.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -81,6 +85,14 @@ def main() -> None:
                     blocks.append((time.perf_counter() - t0) / args.bench * 1e6)
                 result[f"{name}_us_per_forward"] = min(blocks)
                 result[f"{name}_us_blocks"] = [round(b, 2) for b in blocks]
+            if os.environ.get("MINE_BENCH_MARKS"):  # CLOCK_MONOTONIC before every eager forward
+                marks = []
+                for _ in range(20 * args.bench):
+                    marks.append(time.monotonic_ns())
+                    model(x)
+                marks.append(time.monotonic_ns())
+                torch.cuda.synchronize()
+                result["block"], result["marks_ns"] = 1, marks
     print(json.dumps(result))
     if not ok:
         raise SystemExit("torch_forward: the graph replay differs from the eager forward")

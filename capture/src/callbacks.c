@@ -9,7 +9,9 @@
 #include "mc.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <time.h>
 
 /* Allocation and mapping APIs: a value that was not device memory may be now (alloc.c). */
 #define ALLOC_IDS(X) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemAllocManaged) X(cuMemMap) X(cuMemSetAccess) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuMemPoolImportPointer) X(cuExternalMemoryGetMappedBuffer) X(cuGraphicsResourceGetMappedPointer) X(cuGraphicsResourceGetMappedPointer_v2) X(cuMemHostAlloc) X(cuMemHostAlloc_v2) X(cuMemAllocHost) X(cuMemAllocHost_v2) X(cuMemHostRegister) X(cuMemHostRegister_v2)
@@ -643,6 +645,63 @@ int mc_enable_callbacks(CUpti_SubscriberHandle sub) {
     if (MC_CUPTI_FATAL(cuptiEnableCallback, 1, sub, CUPTI_CB_DOMAIN_DRIVER_API, ids[i]) != CUPTI_SUCCESS)
       return -1;
   return 0;
+}
+
+/* ---- MINE_CAPTURE_TOGGLE_MS (diagnostic): launch callbacks switched off and on every T ms ----
+ * Why: launch cost moves by more than the capture's cost between two processes on one machine
+ * (docs/benchmarks.md), so benchmarks/bench_launch.cu times blocks of launches inside one process
+ * and bench_capture.py sorts them into "callbacks on" and "off" by the switch times kept here.
+ * A thread of its own (all signals blocked, never calls CUDA) flips the six launch callback ids;
+ * the times go to meta.json ("toggles": [[t_ns, on], ...]) at exit. */
+#define NTOGGLE 4096
+static uint64_t toggle_t[NTOGGLE];
+static unsigned char toggle_on[NTOGGLE];
+static atomic_uint ntoggle;
+
+static void *toggle_main(void *arg) {
+  CUpti_SubscriberHandle sub = arg;
+  int on = 1;
+  struct timespec ts = {(time_t)(mc_knobs.toggle_ms / 1000), (long)(mc_knobs.toggle_ms % 1000) * 1000000L};
+  for (unsigned i = 0; i < NTOGGLE; i++) {
+    while (nanosleep(&ts, &ts) != 0) {}
+    ts = (struct timespec){(time_t)(mc_knobs.toggle_ms / 1000), (long)(mc_knobs.toggle_ms % 1000) * 1000000L};
+    on = !on;
+    for (size_t k = 0; k < 6; k++) /* launch_ids[0..5]: the launch APIs */
+      if (cuptiEnableCallback((uint32_t)on, sub, CUPTI_CB_DOMAIN_DRIVER_API, launch_ids[k]) != CUPTI_SUCCESS) {
+        mc_note_error(MC_FN_cuptiEnableCallback, 1, 0);
+        return NULL;
+      }
+    toggle_t[i] = mc_now_ns();
+    toggle_on[i] = (unsigned char)on;
+    atomic_store_explicit(&ntoggle, i + 1, memory_order_release);
+  }
+  return NULL;
+}
+
+void mc_toggle_start(CUpti_SubscriberHandle sub) {
+  if (!mc_knobs.toggle_ms || mc_knobs.modules_only) return;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_t t;
+  pthread_attr_t a;
+  if (pthread_attr_init(&a) != 0) return;
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&a, 64 << 10);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  if (pthread_create(&t, &a, toggle_main, sub) != 0) mc_note_error(MC_FN_cuptiEnableCallback, 2, 0);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&a);
+}
+
+void mc_toggles_json(jb_t *b) {
+  unsigned n = atomic_load_explicit(&ntoggle, memory_order_acquire);
+  if (!n) return;
+  jb_lit(b, ",\"toggles\":[");
+  for (unsigned i = 0; i < n; i++) {
+    if (i) jb_lit(b, ",");
+    jb_lit(b, "["); jb_u64(b, toggle_t[i]); jb_lit(b, ","); jb_u64(b, toggle_on[i]); jb_lit(b, "]");
+  }
+  jb_lit(b, "]");
 }
 
 void mc_callbacks_reset_after_fork(void) {

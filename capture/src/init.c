@@ -108,6 +108,7 @@ static void read_knobs(void) {
   mc_knobs.noop = env_u64("MINE_CAPTURE_NOOP", 0) != 0;
   mc_knobs.selftime = env_u64("MINE_CAPTURE_SELFTIME", 0) != 0;
   mc_knobs.alternate = env_u64("MINE_CAPTURE_ALTERNATE", 0);
+  mc_knobs.toggle_ms = env_u64("MINE_CAPTURE_TOGGLE_MS", 0);
   const char *fmt = getenv("MINE_CAPTURE_FORMAT");
   if (fmt && *fmt && strcmp(fmt, "json") != 0) {
     if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
@@ -226,6 +227,7 @@ void mc_meta_write(int final) {
   if (mc_knobs.bin) jb_lit(&b, ",\"format\":\"bin\"");
   if (mc_knobs.noop) jb_lit(&b, ",\"noop\":1");
   if (mc_knobs.alternate) { jb_lit(&b, ",\"alternate\":"); jb_u64(&b, mc_knobs.alternate); }
+  if (mc_knobs.toggle_ms) { jb_lit(&b, ",\"toggle_ms\":"); jb_u64(&b, mc_knobs.toggle_ms); }
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
@@ -256,6 +258,7 @@ void mc_meta_write(int final) {
       jb_str(&b, mc_fn_names[i]); jb_lit(&b, ":"); jb_u64(&b, mc_cnt.errors[i]);
     }
     jb_lit(&b, "}}");
+    mc_toggles_json(&b);
     if (!atomic_load(&mc_off) || disabled_reason[0]) { jb_lit(&b, ",\"end_ns\":"); jb_u64(&b, mc_now_ns()); }
   }
   if (disabled_reason[0]) { jb_lit(&b, ",\"disabled\":"); jb_str(&b, disabled_reason); }
@@ -323,6 +326,7 @@ int InitializeInjection(void) {
   CUpti_SubscriberHandle sub;
   if (MC_CUPTI_FATAL(cuptiSubscribe, &sub, (CUpti_CallbackFunc)mc_callback, NULL) != CUPTI_SUCCESS) return 1;
   if (mc_enable_callbacks(sub) != 0) return 1;
+  mc_toggle_start(sub);
   atexit(at_exit);
   pthread_atfork(NULL, NULL, fork_child);
   return 1;

@@ -80,6 +80,8 @@ typedef struct {
                                 madvise; pages fault in on first touch (diagnostic) */
   unsigned host_bytes;
   uint64_t max_launches, max_bytes, skip;
+  uint64_t toggle_ms;        /* MINE_CAPTURE_TOGGLE_MS=T: launch callbacks switched off and on every T
+                                ms by a thread of ours (diagnostic, callbacks.c) */
   uint64_t alternate;        /* MINE_CAPTURE_ALTERNATE=N: launches in alternate blocks of N are not
                                 recorded (callback returns at once): recording's cost measured inside
                                 one process (diagnostic, benchmarks/bench_launch.cu) */
@@ -260,5 +262,7 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
 int mc_enable_callbacks(CUpti_SubscriberHandle sub);
 int64_t mc_tmap_find(const unsigned char *p128);
 void mc_callbacks_reset_after_fork(void);
+void mc_toggle_start(CUpti_SubscriberHandle sub);   /* MINE_CAPTURE_TOGGLE_MS */
+void mc_toggles_json(jb_t *b);                      /* meta.json "toggles" */
 
 #endif

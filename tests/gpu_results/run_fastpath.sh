@@ -21,11 +21,11 @@ if [ "$what" = loop ]; then
   timeout 150 python benchmarks/bench_record_path.py --launches 20000 --repeats 5 --cpus 2,3 \
     --json "$out/record_path.json" 2>&1 | tail -18
   timeout 330 python benchmarks/bench_capture.py --launches 200000 --repeats 7 --forwards 0 --pin 2,3 \
-    --configs noop,bin_mmap_pf1,bin_mmap_pf1_alt,json_write_alt,bin_mmap_pf1_self ${before:+--before-lib $before} \
+    --configs noop,bin_mmap_pf1,noop_toggle,bin_mmap_pf1_toggle,bin_mmap_pf1_alt,bin_mmap_pf1_self ${before:+--before-lib $before} \
     --json "$out/bench_loop.json" > /dev/null 2>&1
-  python -c "import json,sys; d=json.load(open(sys.argv[1]))['loop']; print(json.dumps({k: d[k] for k in ('paired_added_us','self_ns_per_launch','us_per_launch','in_process_added_us')}, indent=1))" "$out/bench_loop.json"
+  python -c "import json,sys; d=json.load(open(sys.argv[1]))['loop']; print(json.dumps({k: d[k] for k in ('paired_added_us','self_ns_per_launch','in_process_added_us','in_process_toggle_us')}, indent=1))" "$out/bench_loop.json"
 else
-  timeout 560 python benchmarks/bench_capture.py --launches 10000 --repeats 1 --forwards 100 --forward-repeats 5 \
-    --pin 2,3 --configs bin_mmap_pf1 ${before:+--before-lib $before} --json "$out/bench_forward.json" > /dev/null 2>&1
-  python -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({k: d['forward'][k] for k in ('paired_ratio_eager','ratio_graph','us')}, indent=1), d.get('forward_error'))" "$out/bench_forward.json"
+  timeout 560 python benchmarks/bench_capture.py --launches 10000 --repeats 1 --forwards 100 --forward-repeats 3 \
+    --pin 2,3 --configs bin_mmap_pf1,noop_toggle,bin_mmap_pf1_toggle ${before:+--before-lib $before} --json "$out/bench_forward.json" > /dev/null 2>&1
+  python -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({k: d['forward'][k] for k in ('paired_ratio_eager','ratio_graph','in_process_toggle')}, indent=1), d.get('forward_error'))" "$out/bench_forward.json"
 fi
