@@ -9,7 +9,6 @@
 #include "mc.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 #include <time.h>
 
@@ -680,17 +679,7 @@ static void *toggle_main(void *arg) {
 
 void mc_toggle_start(CUpti_SubscriberHandle sub) {
   if (!mc_knobs.toggle_ms || mc_knobs.modules_only) return;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_t t;
-  pthread_attr_t a;
-  if (pthread_attr_init(&a) != 0) return;
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&a, 64 << 10);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  if (pthread_create(&t, &a, toggle_main, sub) != 0) mc_note_error(MC_FN_cuptiEnableCallback, 2, 0);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&a);
+  if (mc_thread_start(toggle_main, sub) != 0) mc_note_error(MC_FN_cuptiEnableCallback, 2, 0);
 }
 
 void mc_toggles_json(jb_t *b) {

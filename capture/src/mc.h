@@ -158,6 +158,7 @@ void mc_files_reset_after_fork(void);
 int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
 void mc_files_finalize(void);          /* seal mapped files, cut them to their length (exit) */
 const char *mc_writer_name(void);      /* "mmap" | "write" */
+int mc_thread_start(void *(*fn)(void *), void *arg); /* our threads: detached, all signals blocked; 0 ok */
 /* Writes one record: b holds the body after the opening brace, without the closing one.
  * With seq_file, a per-file sequence number is put in front; returns it (or -1 when dropped). */
 int64_t mc_write_record(int file, jb_t *b, int with_seq);

@@ -276,18 +276,25 @@ static void helper_kick(void) {
   pthread_mutex_unlock(&helper_lock);
 }
 
-static void helper_start(void) {
+/* Our own threads (the mmap writer's helper, the callback toggler) are detached, small, and block
+ * every signal, so the host's signals never land in them. 0 ok. */
+int mc_thread_start(void *(*fn)(void *), void *arg) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_t t;
   pthread_attr_t a;
-  if (pthread_attr_init(&a) != 0) return;
+  if (pthread_attr_init(&a) != 0) return -1;
   pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&a, 64 << 10);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  helper_on = pthread_create(&t, &a, helper_main, NULL) == 0;
+  int rc = pthread_create(&t, &a, fn, arg);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   pthread_attr_destroy(&a);
+  return rc == 0 ? 0 : -1;
+}
+
+static void helper_start(void) {
+  helper_on = mc_thread_start(helper_main, NULL) == 0;
   if (helper_on) helper_kick();
 }
 
