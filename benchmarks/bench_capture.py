@@ -36,6 +36,7 @@ test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import platform
@@ -133,8 +134,7 @@ def toggle_split(marks: list[int], block: int, dump: Path) -> dict | None:
     if not toggles:
         return None
     edges = [t for t, _ in toggles]
-    import bisect
-    phases: list[tuple[int, list[float]]] = []   # (on, per-launch us of its blocks)
+    phases: list[tuple[int, list[float], int]] = []   # (on, per-launch us of its blocks, switches before)
     for a, b in zip(marks, marks[1:]):
         i = bisect.bisect_right(edges, a - 50_000)
         if i < len(edges) and edges[i] <= b + 50_000:

@@ -33,6 +33,12 @@ void mc_disable(const char *fmt, ...) {
   va_list ap; va_start(ap, fmt); vfprintf(stderr, fmt, ap); fputc('\n', stderr); va_end(ap);
 }
 void mc_meta_write(int final) { (void)final; }
+/* n threads running worker(t) for t < n, joined */
+__attribute__((unused)) static void run_threads_of(void *(*worker)(void *), long n) {
+  pthread_t th[64];
+  for (long t = 0; t < n && t < 64; t++) pthread_create(&th[t], NULL, worker, (void *)t);
+  for (long t = 0; t < n && t < 64; t++) pthread_join(th[t], NULL);
+}
 
 /* The cost of one record: one(i) for i < n, timed alone, calls 3 us apart (as launches come);
  * prints {"ns_per_record": ...} after sealing the files. */

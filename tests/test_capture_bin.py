@@ -131,11 +131,9 @@ int main(int argc, char **argv) {
     bench_spaced(bench_one, n);
     return 0;
   } else if (strcmp(mode, "threads") == 0 || strcmp(mode, "kill") == 0) {
-    pthread_t th[8];
     per_thread = n;
     if (strcmp(mode, "kill") == 0) { printf("{\"pid\":%d}\n", mc_pid); fflush(stdout); }
-    for (long t = 0; t < 8; t++) pthread_create(&th[t], NULL, worker, (void *)t);
-    for (long t = 0; t < 8; t++) pthread_join(th[t], NULL);
+    run_threads_of(worker, 8);
   }
   mc_files_finalize();
   printf("{\"pid\":%d,\"off\":%d,\"functions\":%llu}\n", mc_pid, atomic_load(&mc_off),

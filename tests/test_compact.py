@@ -123,11 +123,6 @@ static void *worker(void *arg) {  /* ids only: launch() below is for one thread 
   }
   return NULL;
 }
-static void run_threads(void) {
-  pthread_t th[64];
-  for (long t = 0; t < nthreads; t++) pthread_create(&th[t], NULL, worker, (void *)t);
-  for (long t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
-}
 
 int main(int argc, char **argv) {
   const char *mode = argv[1];
@@ -149,14 +144,14 @@ int main(int argc, char **argv) {
     return 0;
   } else if (strcmp(mode, "threads") == 0 || strcmp(mode, "fork") == 0) {
     nthreads = 8; per_thread = n;
-    run_threads();
+    run_threads_of(worker, nthreads);
     if (strcmp(mode, "fork") == 0) {
       pid_t c = fork();
       if (c == 0) {
         mc_pid = getpid();
         mc_files_reset_after_fork();
         mc_fn_reset_after_fork();
-        run_threads();
+        run_threads_of(worker, nthreads);
         mc_files_finalize();
         exit(0);
       }

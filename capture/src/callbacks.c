@@ -336,11 +336,9 @@ __attribute__((noipa)) static int64_t record_launch(mc_tl_t *t, mc_launch_t *L, 
   L->t_ns = mc_now_ns();
   L->tid = mc_tl_tid(t);
   L->dev = mc_tl_dev(t, L->ctx);
-  if (mc_knobs.compact && fn < 0) { /* the function record could not be written */
-    if (mc_knobs.bin) { /* a launch without a function record has no binary form: dropped, counted */
-      atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
-      return -1;
-    }
+  if (mc_knobs.bin && fn < 0) { /* no function record, so no binary form: dropped, counted */
+    atomic_fetch_add(&mc_cnt.dropped[mc_knobs.max_bytes ? MC_DROP_MAX_BYTES : MC_DROP_NO_MEMORY], 1);
+    return -1;
   }
   int64_t seq;
   if (mc_knobs.bin) {
@@ -660,10 +658,10 @@ static atomic_uint ntoggle;
 static void *toggle_main(void *arg) {
   CUpti_SubscriberHandle sub = arg;
   int on = 1;
-  struct timespec ts = {(time_t)(mc_knobs.toggle_ms / 1000), (long)(mc_knobs.toggle_ms % 1000) * 1000000L};
+  const struct timespec period = {(time_t)(mc_knobs.toggle_ms / 1000), (long)(mc_knobs.toggle_ms % 1000) * 1000000L};
   for (unsigned i = 0; i < NTOGGLE; i++) {
-    while (nanosleep(&ts, &ts) != 0) {}
-    ts = (struct timespec){(time_t)(mc_knobs.toggle_ms / 1000), (long)(mc_knobs.toggle_ms % 1000) * 1000000L};
+    struct timespec left = period;
+    while (nanosleep(&left, &left) != 0) {}
     on = !on;
     for (size_t k = 0; k < 6; k++) /* launch_ids[0..5]: the launch APIs */
       if (cuptiEnableCallback((uint32_t)on, sub, CUPTI_CB_DOMAIN_DRIVER_API, launch_ids[k]) != CUPTI_SUCCESS) {

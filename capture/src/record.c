@@ -338,17 +338,16 @@ static size_t bin_fill(unsigned char *r, const mc_launch_t *L, const mc_entry_t 
 
 static uint64_t bin_head(size_t len) { return (uint64_t)(uint32_t)len | (uint64_t)MC_BIN_MAGIC << 32; }
 
-int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
-  shape_t s;
-  if (bin_shape(L, e, &s) != 0) return -1;
+/* The record built in b after its shape s, host sections appended; 0 ok, -1 dropped. */
+static int bin_in_buffer(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn, const shape_t *s) {
   size_t host_room = MC_HOST_WORDS * (16 + PAD8((size_t)mc_knobs.host_bytes));
-  if (jb_need(b, bin_len(&s) + host_room)) return -1;
+  if (jb_need(b, bin_len(s) + host_room)) return -1;
   size_t start = b->n;
   unsigned char *r = (unsigned char *)b->p + start;
-  size_t blob_at = start + bin_fill(r, L, e, fn, &s, 0);
-  b->n += bin_len(&s);
+  size_t blob_at = start + bin_fill(r, L, e, fn, s, 0);
+  b->n += bin_len(s);
   /* host sections are appended inside the room reserved above, so b->p does not move */
-  unsigned nhost = (s.flags & 4) ? 0 : mc_host_sections(b, e, (const unsigned char *)b->p + blob_at, s.blob_len);
+  unsigned nhost = (s->flags & 4) ? 0 : mc_host_sections(b, e, (const unsigned char *)b->p + blob_at, s->blob_len);
   r = (unsigned char *)b->p + start;
   r[103] = (unsigned char)nhost;
   uint64_t head = bin_head(b->n - start);
@@ -356,16 +355,22 @@ int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t f
   return b->bad ? -1 : 0;
 }
 
+int mc_launch_bin(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
+  shape_t s;
+  if (bin_shape(L, e, &s) != 0) return -1;
+  return bin_in_buffer(b, L, e, fn, &s);
+}
+
 /* Why in place: a record built in a buffer and copied costs the buffer's cache lines on every
  * launch; a launch whose function has no host-pointer words (every function once its first
  * MC_HOST_LEARN launches are learnt, but cuBLASLt's alpha/beta) has a length known up front,
  * so it is built straight into its reserved place in launches.bin. */
 int64_t mc_record_bin(const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
+  shape_t s;  /* once: it also counts a launch without a layout */
+  if (bin_shape(L, e, &s) != 0) return -1;
   int plain = atomic_load_explicit(&e->host_seen, memory_order_relaxed) >= MC_HOST_LEARN &&
               atomic_load_explicit(&e->host_n, memory_order_acquire) == 0;
   if (plain) {
-    shape_t s;
-    if (bin_shape(L, e, &s) != 0) return -1;
     size_t len = bin_len(&s);
     mc_place_t pl;
     int r = mc_bin_place(MC_F_LAUNCHES, len, &pl);
@@ -377,6 +382,6 @@ int64_t mc_record_bin(const mc_launch_t *L, const mc_entry_t *e, uint32_t fn) {
   }
   jb_t *b = jb_thread();
   if (!b) return -1;
-  if (mc_launch_bin(b, L, e, fn) != 0) b->bad = 1;
+  if (bin_in_buffer(b, L, e, fn, &s) != 0) b->bad = 1;
   return mc_write_bin(MC_F_LAUNCHES, b);
 }
