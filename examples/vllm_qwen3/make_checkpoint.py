@@ -4,7 +4,11 @@ No hub access exists on the GPU hosts (and weights must never be downloaded), so
 capture serves is made here: the geometry is what matters for the kernels vLLM picks, the values
 only have to be deterministic so two runs (vLLM, kern) can be compared token for token.
 
-    python3 make_checkpoint.py OUT_DIR [--seed 0]
+    python3 make_checkpoint.py OUT_DIR [--seed 0] [--layers N --hidden H --heads Q --kv-heads K
+                                   --head-dim D --inter I --vocab V --untied]
+
+The flags change the geometry (the mining truth suite captures several); without them it is
+Qwen3-0.6B's.
 """
 
 from __future__ import annotations
@@ -36,13 +40,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    for flag, key in (("--layers", "num_hidden_layers"), ("--hidden", "hidden_size"),
+                      ("--heads", "num_attention_heads"), ("--kv-heads", "num_key_value_heads"),
+                      ("--head-dim", "head_dim"), ("--inter", "intermediate_size"),
+                      ("--vocab", "vocab_size")):
+        ap.add_argument(flag, dest=key, type=int, default=GEOMETRY[key])
+    ap.add_argument("--untied", action="store_true", help="an lm_head of its own")
     args = ap.parse_args()
+    geometry = dict(GEOMETRY, **{k: getattr(args, k) for k in GEOMETRY if hasattr(args, k)})
+    geometry["tie_word_embeddings"] = not args.untied
+    named = geometry == GEOMETRY
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(args.seed)
-    config = Qwen3Config(**GEOMETRY, torch_dtype="bfloat16")
+    config = Qwen3Config(**geometry, torch_dtype="bfloat16")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
@@ -50,7 +63,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     (args.out / "mine-provenance.json").write_text(
-        json.dumps({"geometry": "Qwen3-0.6B", "seed": args.seed, "weights": "random (transformers init)"}, indent=1)
+        json.dumps({"geometry": "Qwen3-0.6B" if named else geometry, "seed": args.seed, "weights": "random (transformers init)"}, indent=1)
     )
     print(f"wrote {args.out} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
 

@@ -3,7 +3,11 @@
 The engine runs in a child process (`VLLM::EngineCore`); under `mine capture` each process gets
 its own `pid<N>/` folder and the engine's holds the GPU launches.
 
-    python3 run_serve.py MODEL_DIR OUT_JSON [--port 8011]
+    python3 run_serve.py MODEL_DIR OUT_JSON [--port 8011] [--default-mode]
+
+`--default-mode` starts the server with vLLM's defaults (torch.compile + CUDA graphs) instead of
+`--enforce-eager`. Prompt ids are taken modulo the checkpoint's vocabulary (a no-op for the
+reference geometry), so smaller vocabularies of the truth suite stay in range.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ def main() -> None:
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8011
     env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    eager = [] if "--default-mode" in sys.argv else ["--enforce-eager"]
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model,
-           "--skip-tokenizer-init", "--enforce-eager", "--attention-backend", "TRITON_ATTN",
+           "--skip-tokenizer-init", *eager, "--attention-backend", "TRITON_ATTN",
            "--gpu-memory-utilization", "0.30", "--max-model-len", "4096", "--seed", "0",
            "--host", "127.0.0.1", "--port", str(port)]
     server = subprocess.Popen(cmd, env=env)
@@ -50,7 +56,7 @@ def main() -> None:
                     sys.exit("the vLLM server did not come up within 300 s")
                 time.sleep(1)
         results = []
-        for ids in prompts():
+        for ids in [[x % vocab for x in p] for p in prompts()]:
             r = post(f"http://127.0.0.1:{port}/v1/completions",
                      {"model": model, "prompt": ids, "max_tokens": MAX_NEW_TOKENS, "temperature": 0,
                       "detokenize": False, "return_token_ids": True})
