@@ -24,6 +24,7 @@ from mining import fit as F
 from mining import pointers as P
 from mining import sites as S
 from mining.load import Dump
+from mining.forwards import find_forwards, kernel_identity, tag_phases
 from mining.passes import Passes, split_passes
 
 ANALYSIS_SCHEMA_VERSION = 1
@@ -151,15 +152,47 @@ def _no_layout(dump: Dump) -> pd.DataFrame:
     return pd.DataFrame({"launches": g.size(), "packing": g["packing"].first()}).reset_index()
 
 
+def _stack_shapes(passes: Passes) -> list[dict]:
+    """The layer summary per distinct stack pattern (the shape `layers.shapes` reports)."""
+    f = passes.forwards
+    out = []
+    for pat, grp in f.groupby("pattern", sort=False):
+        if not pat:
+            continue
+        first = int(grp["forward"].iloc[0])
+        kinds = [k for k in passes.blocks]
+        period = {k["kind"]: k["period"] for k in kinds}
+        seq = [(tok.split("×")[0], int(tok.split("×")[1])) for tok in pat.split()]
+        out.append({"forwards": int(len(grp)), "example_forward": first, "pattern": pat,
+                    "layers": int(grp["layers"].iloc[0]),
+                    "sites_per_layer": int(period[seq[0][0]]),
+                    "kinds": [{"kind": k, "count": c, "sites_per_layer": int(period[k])} for k, c in seq],
+                    "launches": int(grp["n_launches"].iloc[0])})
+    out.sort(key=lambda d: -d["forwards"])
+    return out
+
+
 def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = None) -> Analysis:
     """Run every stage on `dump`; never raises on thin data, says so in `notes` instead."""
     notes = list(dump.warnings)
-    passes = split_passes(dump.launches, gap_ms=gap_ms, per_forward=per_forward)
-    notes += passes.notes
-    sites = S.align(dump.launches, passes.forward)
-    layers = S.layer_blocks(sites)
+    if per_forward is not None:   # the core-kernel rule, forced
+        passes = split_passes(dump.launches, gap_ms=gap_ms, per_forward=per_forward)
+        notes += passes.notes
+        sites = S.align(dump.launches, passes.forward)
+        layers = S.layer_blocks(sites)
+    else:
+        passes = find_forwards(dump.launches, dump.source.parent, gap_ms=gap_ms, notes=notes)
+        _, names = kernel_identity(dump.launches)
+        if passes.method == "layer_stacks":
+            sites = S.align(dump.launches, passes.forward, passes.executed, names)
+            S.stack_layers(sites)
+            layers = _stack_shapes(passes)
+        else:
+            sites = S.align(dump.launches, passes.forward)
+            layers = S.layer_blocks(sites)
     n_fwd = len(passes.forwards)
     ref = S.choose_reference(dump.launches, sites, n_fwd)
+    passes.forwards = tag_phases(passes.forwards, ref.tokens, notes)
     if n_fwd < 2:
         notes.append(f"only {n_fwd} forward pass(es) found: every non-constant fit is underdetermined")
     if ref.symbol is None:

@@ -49,6 +49,11 @@ class Passes:
     per_forward: int            # core launches per forward (K)
     forwards: pd.DataFrame      # forward, window, n_launches, first_seq, last_seq, start_ns, end_ns
     notes: list[str] = field(default_factory=list)
+    # set by mining/forwards.py (the step detector); None for this module's core-kernel split
+    executed: pd.DataFrame | None = None   # the executed stream (graphs.py) + window, forward, layer, pos
+    method: str = "core_kernel"
+    blocks: list[dict] = field(default_factory=list)
+    captures: pd.DataFrame | None = None
 
 
 def gap_threshold(t_ns: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> int:

@@ -37,13 +37,34 @@ class Sites:
     partial: pd.DataFrame    # symbol, modal_count, forwards_present, forwards_kept, counts
 
 
-def align(launches: pd.DataFrame, forward: np.ndarray) -> Sites:
-    rows = np.flatnonzero(forward >= 0)
-    t = pd.DataFrame({"row": rows, "seq": launches["seq"].to_numpy()[rows],
-                      "forward": forward[rows],
-                      "symbol": launches["symbol"].to_numpy()[rows]})
+def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | None = None,
+          names: pd.Index | None = None) -> Sites:
+    """Call sites over the forwards. With `executed` (mining/forwards.py), the rows are kernel
+    executions (graph replays included) in executed order, named by kernel identity (`names`,
+    indexed by the `kernel` code); without it, dump launches (the core-kernel split). A site is
+    (symbol, occurrence) either way -- one piece of code at one place of the forward, whichever
+    build of it ran (Triton specialises a kernel for a size of 1, so decode runs another build of
+    the same site) -- and `kernel` keeps the identity each execution ran."""
+    if executed is not None:
+        pos = np.flatnonzero(executed["forward"].to_numpy() >= 0)
+        rows = executed["row"].to_numpy()[pos]
+        t = pd.DataFrame({"row": rows, "seq": executed["seq"].to_numpy()[pos],
+                          "forward": executed["forward"].to_numpy()[pos],
+                          "symbol": launches["symbol"].astype(str).to_numpy()[rows],
+                          "kernel": np.asarray(names)[executed["kernel"].to_numpy()[pos]],
+                          "xpos": pos, "layer_e": executed["layer"].to_numpy()[pos],
+                          "pos_e": executed["pos"].to_numpy()[pos]})
+        t = t.sort_values(["forward", "xpos"], kind="stable", ignore_index=True)
+    else:
+        rows = np.flatnonzero(forward >= 0)
+        t = pd.DataFrame({"row": rows, "seq": launches["seq"].to_numpy()[rows],
+                          "forward": forward[rows],
+                          "symbol": launches["symbol"].to_numpy()[rows]})
+        t["symbol"] = t["symbol"].astype(str)
+        t = t.sort_values(["forward", "seq"], kind="stable", ignore_index=True)
+        t["layer_e"], t["pos_e"] = -1, -1
+        t["kernel"] = t["symbol"].astype(str)
     t["symbol"] = t["symbol"].astype(str)
-    t = t.sort_values(["forward", "seq"], kind="stable", ignore_index=True)
     t["occ"] = t.groupby(["forward", "symbol"]).cumcount().astype("int32")
     counts = t.groupby(["symbol", "forward"]).size().rename("n").reset_index()
     modal = counts.groupby("symbol")["n"].agg(lambda s: int(s.mode().max())).rename("modal")
@@ -54,8 +75,11 @@ def align(launches: pd.DataFrame, forward: np.ndarray) -> Sites:
     t["site"] = t["symbol"] + "#" + t["occ"].astype(str)
     kept = t[t["kept"]]
     idx = kept.groupby("site").agg(symbol=("symbol", "first"), occ=("occ", "first"),
-                                   n_forwards=("forward", "nunique"), first_seq=("seq", "min"))
-    idx = idx.sort_values("first_seq").reset_index()
+                                   n_forwards=("forward", "nunique"), first_seq=("seq", "min"),
+                                   builds=("kernel", "nunique"))
+    order = kept.groupby("site")["forward"].min().rename("f0").to_frame().join(
+        kept.groupby("site").apply(lambda g: g.index.min(), include_groups=False).rename("r0"))
+    idx = idx.join(order).sort_values(["f0", "r0"]).drop(columns=["f0", "r0"]).reset_index()
     idx["layer"], idx["pos"] = -1, -1
     g = counts.groupby("symbol")
     partial = pd.DataFrame({
@@ -66,6 +90,17 @@ def align(launches: pd.DataFrame, forward: np.ndarray) -> Sites:
     partial = partial[partial["forwards_kept"] < partial["forwards_present"]].reset_index(drop=True)
     t["site"] = t["site"].astype("category")
     return Sites(t, idx, partial)
+
+
+def stack_layers(sites: Sites) -> None:
+    """Fill sites.index layer/pos from the step detector's per-execution layer map: the most
+    common (layer, pos) of each site over the forwards that keep it."""
+    kept = sites.table[sites.table["kept"]]
+    lp = kept.groupby("site", observed=True)[["layer_e", "pos_e"]].agg(lambda s: int(s.mode().iloc[0]))
+    idx = sites.index
+    idx["layer"] = idx["site"].map(lp["layer_e"]).fillna(-1).astype(int)
+    idx["pos"] = idx["site"].map(lp["pos_e"]).fillna(-1).astype(int)
+    idx.loc[idx["layer"] < 0, "pos"] = -1
 
 
 def site_samples(launches: pd.DataFrame, sites: Sites, cols=GRID) -> dict[str, tuple]:

@@ -1,0 +1,190 @@
+"""Forward passes of any capture: the step detector over the executed stream, phases, captures.
+
+Why: this is the one place that decides what a forward is. It runs `mining/steps.py` (layer
+stacks, cuts) over `mining/graphs.py`'s executed stream, so CUDA-graph replays count as the
+forwards they are and graph-capture launches as none; it falls back to `passes.split_passes`
+(the core-kernel split) only where no layer structure exists, and says so. Output is a `Passes`
+(mining/passes.py) whose per-launch arrays keep their old meaning (index = the dump's launches
+frame; a captured launch is in no forward, a replayed one is found in `executed`), plus:
+
+- `executed`: one row per kernel execution (row, seq, t_ns, replay, exec, kernel, window,
+  forward, layer, pos), where `kernel` is the identity code (symbol + module sha256: Inductor
+  and Triton reuse names across different builds, so a name alone is not a kernel);
+- `forwards`: forward, window (request), n_launches, n_kernels, first_seq, last_seq, start_ns,
+  end_ns, replayed (kernels run from graph replays), graph_execs, layers, pattern, cut_by,
+  confidence, phase (filled by `tag_phases` once tokens are known);
+- `captures`: one row per stream capture: capture_id, graph, exec, launches, first_seq, last_seq.
+
+Request windows: host gaps *between* forwards only (a Triton JIT stall inside a forward is no
+request boundary), split by `passes._idle_threshold`.
+Phases (`tag_phases`): serving starts at the first request window holding a decode run (two or
+more consecutive forwards of equal tokens, not above the forward before them); forwards before
+it are `startup` (profile and warm-up passes), the rest `serve`. Without any decode run every
+forward is `serve` and a note says start-up cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mining import steps
+from mining.graphs import Executed, executed as executed_stream, read_graphs
+from mining.passes import Passes, _idle_threshold, _repair, gap_threshold, split_passes, split_windows
+
+
+def kernel_identity(launches: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
+    """Per launch an identity code over (symbol, module sha256), and the names: the bare symbol
+    where it has one build in the capture, else `symbol@<sha256[:8]>`."""
+    sym = launches["symbol"].astype(str)
+    sha = launches["sha256"].astype(str)
+    codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([sym, sha]))
+    pairs = pd.DataFrame(list(uniq), columns=["symbol", "sha"])
+    builds = pairs.groupby("symbol")["sha"].transform("size")
+    names = np.where(builds > 1, pairs["symbol"] + "@" + pairs["sha"].str[:8], pairs["symbol"])
+    return codes.astype(np.int64), pd.Index(names)
+
+
+def _captures(launches: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
+    cap = launches["capture_id"].to_numpy()
+    m = cap >= 0
+    cols = ["capture_id", "graph", "exec", "launches", "first_seq", "last_seq"]
+    if not m.any():
+        return pd.DataFrame(columns=cols)
+    g = pd.DataFrame({"capture_id": cap[m], "seq": launches["seq"].to_numpy()[m]}).groupby("capture_id")["seq"]
+    out = pd.DataFrame({"launches": g.size(), "first_seq": g.min(), "last_seq": g.max()}).reset_index()
+    ends = graphs[graphs["event"] == "capture_end"][["capture_id", "graph"]].dropna()
+    ends = ends.astype({"capture_id": "int64"}).drop_duplicates("capture_id")
+    inst = graphs[graphs["event"] == "instantiate"][["graph", "exec"]].dropna().drop_duplicates("graph")
+    out = out.merge(ends, on="capture_id", how="left").merge(inst, on="graph", how="left")
+    return out[cols].fillna({"graph": "", "exec": ""})
+
+
+def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Request window of each forward from the host gaps between consecutive forwards."""
+    k = len(starts)
+    if k == 0:
+        return np.zeros(0, np.int32)
+    between = np.array([t_ns[starts[i + 1]] - t_ns[max(ends[i] - 1, starts[i])] for i in range(k - 1)], np.int64)
+    if len(between) == 0:
+        return np.zeros(1, np.int32)
+    thr = _idle_threshold(between)
+    return np.concatenate([[0], np.cumsum(between > thr)]).astype(np.int32)
+
+
+def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | None = None,
+                  gap_ms: float | None = None, notes: list[str] | None = None) -> Passes:
+    """The forwards of `launches` (a load_dump frame sorted by seq); graphs.jsonl read from `folder`."""
+    notes = [] if notes is None else notes
+    if graphs is None:
+        graphs = read_graphs(folder, notes) if folder is not None else read_graphs(".", None).iloc[0:0]
+    if gap_ms is not None and gap_ms <= 0:
+        raise ValueError(f"gap_ms must be positive, got {gap_ms}")
+    ex: Executed = executed_stream(launches, graphs)
+    notes += ex.notes
+    E = ex.frame
+    codes_all, names = kernel_identity(launches)
+    codes = codes_all[E["row"].to_numpy()]
+    t = E["t_ns"].to_numpy()
+    gap_ns = int(gap_ms * 1e6) if gap_ms is not None else gap_threshold(t)
+    window = split_windows(t, gap_ns)
+    blocks = steps.find_blocks(codes, window)
+    captures = _captures(launches, graphs)
+    n = len(E)
+    if len(blocks.stacks) == 0:
+        notes += blocks.notes
+        notes.append("forwards split by the core-kernel rule (no layer stacks to anchor on)")
+        old = split_passes(launches, gap_ms=gap_ms)
+        notes += old.notes
+        fwd_e = old.forward[E["row"].to_numpy()]
+        fwd_e[E["replay"].to_numpy() >= 0] = -1
+        E = E.assign(kernel=codes, window=old.window[E["row"].to_numpy()], forward=fwd_e, layer=-1, pos=-1)
+        f = old.forwards.copy()
+        for c, v in (("replayed", 0), ("graph_execs", 0), ("layers", 0), ("pattern", ""),
+                     ("cut_by", "core_kernel"), ("confidence", np.nan), ("phase", "serve")):
+            f[c] = v
+        return Passes(old.window, old.forward, old.gap_ns, old.core, old.per_forward, f, notes, E,
+                      "core_kernel", [], captures)
+    # cuts match head and tail by kernel *name*: the first forwards of a window run other builds
+    # of the same kernels (Triton specialises on sizes) than the steady decode cycle
+    sym_codes = launches["symbol"].cat.codes.to_numpy().astype(np.int64)[E["row"].to_numpy()]
+    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks, window)
+    forward = cuts.forward
+    moved = _repair(codes, forward, np.zeros(n, np.int32))
+    if moved:
+        notes.append(f"{moved} launch(es) moved across a forward boundary (jitter)")
+    layer, pos, patterns = steps.layer_map(n, blocks, cuts)
+    b = cuts.boundaries
+    req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy())
+    win_e = np.full(n, -1, np.int32)
+    inside = forward >= 0
+    win_e[inside] = req[forward[inside]]
+    # launches outside forwards take the window of the next forward (or the last one)
+    nxt = np.searchsorted(b["start"].to_numpy(), np.arange(n), side="right")
+    fill = np.clip(nxt, 0, len(req) - 1)
+    win_e[~inside] = req[fill[~inside]]
+    E = E.assign(kernel=codes, window=win_e, forward=forward, layer=layer, pos=pos)
+    letters = steps.kind_names(patterns, blocks.kinds)
+    rows = []
+    seq = E["seq"].to_numpy()
+    rep = E["replay"].to_numpy()
+    for i, r in b.iterrows():
+        sl = slice(int(r["start"]), int(r["end"]))
+        m = forward[sl] == i
+        pat = patterns[i]
+        rows.append({"forward": i, "window": int(req[i]), "n_launches": int(m.sum()),
+                     "n_kernels": int(len(np.unique(codes[sl][m]))),
+                     "first_seq": int(seq[sl][m].min()) if m.any() else -1,
+                     "last_seq": int(seq[sl][m].max()) if m.any() else -1,
+                     "start_ns": int(t[sl][m].min()) if m.any() else 0,
+                     "end_ns": int(t[sl][m].max()) if m.any() else 0,
+                     "replayed": int((rep[sl][m] >= 0).sum()),
+                     "graph_execs": int(len(np.unique(rep[sl][m][rep[sl][m] >= 0]))),
+                     "layers": len(pat), "pattern": _pattern(pat, letters),
+                     "cut_by": r["cut_by"], "confidence": r["confidence"], "phase": "serve"})
+    f = pd.DataFrame(rows).astype({"forward": "int32", "window": "int32", "n_launches": "int32",
+                                   "n_kernels": "int32"})
+    # per dump launch: its forward when it ran eagerly (replayed kernels live in `executed`)
+    fwd_row = np.full(len(launches), -1, np.int32)
+    win_row = np.zeros(len(launches), np.int32)
+    eager = rep < 0
+    fwd_row[E["row"].to_numpy()[eager]] = forward[eager]
+    win_row[E["row"].to_numpy()[eager]] = win_e[eager]
+    main = blocks.kinds[0]
+    info = [dict(k, kind=letters[k["period"]], kernels=[str(names[c]) for c in k.pop("example")])
+            for k in [dict(x) for x in blocks.kinds]]
+    return Passes(win_row, fwd_row, gap_ns, str(names[main["example"][0]]), int(main["period"]), f, notes,
+                  E, "layer_stacks", info, captures)
+
+
+def _pattern(kinds: list[int], letters: dict[int, str]) -> str:
+    """`A×2 B×3` for a stack of two A blocks then three B blocks."""
+    out: list[list] = []
+    for k in kinds:
+        if out and out[-1][0] == k:
+            out[-1][1] += 1
+        else:
+            out.append([k, 1])
+    return " ".join(f"{letters[k]}×{c}" for k, c in out)
+
+
+def tag_phases(forwards: pd.DataFrame, tokens: pd.Series, notes: list[str]) -> pd.DataFrame:
+    """`phase` per forward: `startup` before the first request window with a decode run, else `serve`."""
+    f = forwards.copy()
+    tok = f["forward"].map(tokens)
+    start = None
+    for w, grp in f.groupby("window", sort=True):
+        v = tok[grp.index].to_numpy()
+        for j in range(1, len(v) - 1):
+            if pd.notna(v[j]) and v[j] == v[j + 1] and pd.notna(v[j - 1]) and v[j - 1] >= v[j]:
+                start = int(grp["forward"].iloc[0])
+                break
+        if start is not None:
+            break
+    if start is None:
+        notes.append("no decode run (two forwards of equal tokens in a row) found: start-up passes "
+                     "cannot be told from requests, every forward counts as serving")
+        f["phase"] = "serve"
+    else:
+        f["phase"] = np.where(f["forward"] < start, "startup", "serve")
+    return f

@@ -1,0 +1,158 @@
+"""CUDA-graph replays put back on the launch timeline: the executed stream.
+
+Why: a graph replay (`cuGraphLaunch`) makes no kernel-launch callback, so in an engine that decodes
+from CUDA graphs (vLLM's default mode) most forwards are invisible in launches.bin: what the dump
+holds is the graph's definition (the launches recorded while the stream was being captured, each
+carrying `capture_id`) and, in graphs.jsonl, which exec came from which graph and when each exec
+was launched. Forward detection needs what the GPU *ran*, in order, so:
+
+- `read_graphs(folder)` reads graphs.jsonl into a frame (unparsable lines dropped and counted);
+- `executed(launches, graphs)` is the executed stream: every launch that ran eagerly (not inside a
+  stream capture) plus, for every graph launch, the launches captured into that exec's graph, in
+  capture order, placed at the replay's host time and tagged with the replay number and the exec.
+  Capture-time launches themselves are left out: they defined a graph, they did not run then
+  (their rows are `Executed.captured`).
+
+Kernel nodes of hand-built graphs (graphs.jsonl `kernel_node`) are expanded the same way, by the
+graph (or exec) they were added to. `*SetParams` updates after instantiation are not applied: the
+captured parameter bytes are what a replay is taken to run (stated in each replay's notes when
+the dump records such updates). Not handled: graphs launched from another graph (device launch),
+conditional nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+GRAPHS = "graphs.jsonl"
+GRAPH_COLUMNS = ("event", "t_ns", "stream", "graph", "exec", "capture_id", "seq_first", "seq_last",
+                 "nodes", "seq")
+
+
+def read_graphs(folder: Path, warnings: list[str] | None = None) -> pd.DataFrame:
+    """graphs.jsonl as a frame (GRAPH_COLUMNS; ids as strings, numbers as Int64); empty when absent."""
+    rows, bad = [], 0
+    src = Path(folder) / GRAPHS
+    if src.is_file():
+        for line in src.read_bytes().splitlines():
+            line = line.strip(b"\0 \t\r")
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+                if not isinstance(r, dict) or not isinstance(r.get("event"), str):
+                    raise ValueError
+                row = {k: r.get(k) for k in GRAPH_COLUMNS}
+                for k in ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq"):
+                    v = row[k]
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                        raise ValueError
+                for k in ("stream", "graph", "exec"):
+                    if row[k] is not None and not isinstance(row[k], str):
+                        raise ValueError
+                rows.append(row)
+            except (ValueError, UnicodeDecodeError):
+                bad += 1
+    if bad and warnings is not None:
+        warnings.append(f"{GRAPHS}: dropped {bad} unparsable line(s)")
+    df = pd.DataFrame(rows, columns=list(GRAPH_COLUMNS))
+    for k in ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq"):
+        df[k] = pd.array(df[k], dtype="Int64")
+    return df
+
+
+@dataclass
+class Executed:
+    """The stream the GPU ran, one row per kernel execution, in host-time order.
+
+    `frame` columns: `row` (index into the dump's launches frame), `seq` (the launch record: for a
+    replayed kernel, the record captured into the graph), `t_ns` (the launch's, or the replay's),
+    `replay` (-1 for an eager launch, else the replay's number), `exec` (the replayed exec, "" for
+    eager). `captured`: rows of the launches frame recorded inside a stream capture (or defined as
+    hand-built kernel nodes), not executed at that time."""
+    frame: pd.DataFrame
+    captured: np.ndarray
+    replays: pd.DataFrame            # replay, exec, t_ns, kernels, capture_id (-1 if unknown)
+    notes: list[str] = field(default_factory=list)
+
+
+def _graph_members(launches: pd.DataFrame, graphs: pd.DataFrame) -> dict[str, np.ndarray]:
+    """graph id -> launches-frame rows captured into it (capture order)."""
+    cap = launches["capture_id"].to_numpy()
+    seq = launches["seq"].to_numpy()
+    by_cap = pd.Series(np.arange(len(cap))[cap >= 0]).groupby(cap[cap >= 0]).apply(np.asarray).to_dict() \
+        if (cap >= 0).any() else {}
+    members: dict[str, np.ndarray] = {}
+    ends = graphs[(graphs["event"] == "capture_end") & graphs["graph"].notna()]
+    for g, cid in zip(ends["graph"], ends["capture_id"]):
+        if pd.notna(cid) and int(cid) in by_cap:
+            members[g] = by_cap[int(cid)]
+    nodes = graphs[graphs["event"] == "kernel_node"]
+    if len(nodes):
+        pos = pd.Series(np.arange(len(seq)), index=seq)
+        for key in ("graph", "exec"):
+            sub = nodes[nodes[key].notna() & nodes["seq"].notna()]
+            for g, grp in sub.groupby(key):
+                rows = pos.reindex(grp["seq"].astype("int64").to_numpy()).dropna().astype(int).to_numpy()
+                if len(rows):
+                    members[g] = np.concatenate([members.get(g, np.zeros(0, int)), rows])
+    return members
+
+
+def executed(launches: pd.DataFrame, graphs: pd.DataFrame) -> Executed:
+    """The executed stream of `launches` (sorted by seq) given graphs.jsonl's events."""
+    notes: list[str] = []
+    cap = launches["capture_id"].to_numpy()
+    captured = np.flatnonzero(cap >= 0)
+    if len(graphs):
+        nodes = graphs[graphs["event"] == "kernel_node"]
+        if len(nodes):
+            node_seqs = set(nodes["seq"].dropna().astype("int64").tolist())
+            extra = np.flatnonzero(launches["seq"].isin(node_seqs).to_numpy())
+            captured = np.union1d(captured, extra)
+    eager = np.setdiff1d(np.arange(len(launches)), captured)
+    parts = [pd.DataFrame({"row": eager, "seq": launches["seq"].to_numpy()[eager],
+                           "t_ns": launches["t_ns"].to_numpy()[eager], "replay": -1, "exec": ""})]
+    replays = pd.DataFrame(columns=["replay", "exec", "t_ns", "kernels"])
+    if len(graphs):
+        members = _graph_members(launches, graphs)
+        exec_of: dict[str, np.ndarray] = {}
+        inst = graphs[graphs["event"] == "instantiate"]
+        for g, x in zip(inst["graph"], inst["exec"]):
+            if isinstance(x, str) and g in members:
+                exec_of[x] = members[g]
+        for x, rows in list(members.items()):  # kernel nodes added to an exec directly
+            exec_of.setdefault(x, rows)
+        gl = graphs[(graphs["event"] == "launch") & graphs["exec"].notna() & graphs["t_ns"].notna()]
+        gl = gl.sort_values("t_ns", kind="stable").reset_index(drop=True)
+        unknown = 0
+        rec = []
+        for k, (x, t) in enumerate(zip(gl["exec"], gl["t_ns"])):
+            rows = exec_of.get(x)
+            if rows is None:
+                unknown += 1
+                rec.append((k, x, int(t), 0))
+                continue
+            rows = np.sort(rows)
+            parts.append(pd.DataFrame({"row": rows, "seq": launches["seq"].to_numpy()[rows],
+                                       "t_ns": int(t), "replay": k, "exec": x}))
+            rec.append((k, x, int(t), len(rows)))
+        replays = pd.DataFrame(rec, columns=["replay", "exec", "t_ns", "kernels"])
+        if unknown:
+            notes.append(f"{unknown} graph launch(es) of an exec whose captured kernels the dump does not "
+                         f"hold (captured before recording began, or filtered): left out of the timeline")
+        if (graphs["event"].astype(str).str.contains("set_params|SetParams", regex=True)).any():
+            notes.append("the dump records graph parameter updates; replays are expanded with the "
+                         "parameters as captured")
+    frame = pd.concat(parts, ignore_index=True)
+    # host-time order; a replay's kernels keep their capture order (stable sort on (t_ns, part))
+    frame["_k"] = np.arange(len(frame))
+    frame = frame.sort_values(["t_ns", "replay", "_k"], kind="stable").drop(columns="_k")
+    frame = frame.reset_index(drop=True).astype({"row": "int64", "seq": "int64", "t_ns": "int64",
+                                                 "replay": "int32"})
+    return Executed(frame, captured, replays, notes)

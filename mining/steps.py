@@ -1,0 +1,329 @@
+"""Forwards as the repeating step of the program, found from the kernel sequence it executed.
+
+Why: the first forward detector assumed the most frequent kernel runs in one burst per forward; on
+a 4-layer or a 36-layer model it took layers for forwards, and it saw nothing of CUDA-graph
+replays. What every decoder-style program shares is nesting: a forward runs a *stack* of layers
+(a block of kernels repeated back to back, possibly several kinds of block one after another),
+with a head before it and a tail after it. So, over the executed stream (`mining/graphs.py`:
+eager launches plus graph replays expanded), with kernels identified by (symbol, module sha256):
+
+1. layer periods: for every period p (3 ≤ p ≤ MAX_PERIOD) the maximal runs where the kernel at i
+   equals the kernel at i + p for at least p positions (two or more whole blocks of p kernels,
+   at least three distinct ones). A layer period is one whose runs recur: the period with the
+   most runs (ties to the shorter) is the main block; other periods whose runs are as numerous
+   (at least half) and do not overlap the main runs are further block kinds (a dense block
+   before MoE blocks, say). Forward-sized repeats (consecutive identical decode steps) recur
+   once per request and contain the main runs, so they never qualify. It is a layer structure
+   only when some stretch between request gaps holds two or more runs (else: no repeating step
+   was found, and that is what the analysis says);
+2. stacks: runs of any block kind that touch (gap ≤ half the shortest period) merge into one
+   stack; every stack is one forward's layer section;
+3. cuts: between two consecutive stacks lie the tail of the first forward and the head of the
+   next. The most frequent such gap sequence (a decode step's) is cut where its host-time gap is
+   largest (median over its occurrences: the engine's scheduling and sampling sync sit between
+   steps, not inside them); its part before the cut is the tail pattern, after it the head
+   pattern. Every gap is cut after its longest prefix matching the tail pattern. Where a request
+   gap (host gap above the window threshold) lies inside, the launches between the matched tail
+   and the matched head suffix belong to no forward;
+4. jitter repair as before (`passes._repair`): a kernel one short in forward f and one over in
+   f+1 within EDGE launches of their boundary moves back.
+
+Each boundary records what decided it (`cut_by`: `tail_pattern`, `time_gap`, `request_gap`,
+`capture_edge`) and a confidence: 1.0 when the gap matched both patterns entirely, else the
+fraction of it the patterns explain.
+Not handled: forwards whose layer sections interleave (two streams running two forwards at once),
+models with a single layer (no block repeats inside a forward: reported as "no layer structure",
+and `passes.split_passes` is used instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+MAX_PERIOD = 160      # longest layer block considered, in kernels
+MIN_DISTINCT = 3      # distinct kernels a layer block needs (rules out fill/copy bursts)
+
+
+@dataclass
+class Blocks:
+    """Layer block kinds found in the stream: period, run count, and every run (start, end) in
+    executed-stream positions, end exclusive, whole blocks only."""
+    kinds: list[dict]                 # period, runs, reps (modal), example (codes of one block)
+    stacks: np.ndarray                # [n, 2] start, end of each merged layer stack
+    runs: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))  # start, end, stretch end, period
+    notes: list[str] = field(default_factory=list)
+
+
+def _runs(codes: np.ndarray, p: int) -> np.ndarray:
+    """[n, 3] (start, end of the whole blocks, end of the periodic stretch) of maximal periodic
+    stretches at period p holding >= 2 whole blocks."""
+    if len(codes) <= p:
+        return np.zeros((0, 2), np.int64)
+    eq = codes[:-p] == codes[p:]
+    d = np.diff(np.concatenate([[0], eq.view(np.int8), [0]]))
+    s, e = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    keep = (e - s) >= p
+    s, e = s[keep], e[keep]
+    reps = (e - s + p) // p
+    return np.stack([s, s + reps * p, e + p], axis=1).astype(np.int64)
+
+
+def _distinct_ok(codes: np.ndarray, runs: np.ndarray, p: int) -> np.ndarray:
+    return np.array([len(np.unique(codes[a:a + p])) >= MIN_DISTINCT for a in runs[:, 0]], bool)
+
+
+def _coverage(r: np.ndarray) -> int:
+    return int((r[:, 1] - r[:, 0]).sum())
+
+
+def _mask(n: int, runs: np.ndarray) -> np.ndarray:
+    d = np.zeros(n + 1, np.int32)
+    np.add.at(d, runs[:, 0], 1)
+    np.add.at(d, runs[:, 1], -1)
+    return np.cumsum(d[:-1]) > 0
+
+
+def _inside(runs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per run, the fraction of its positions already in `mask`."""
+    c = np.concatenate([[0], np.cumsum(mask)])
+    return (c[runs[:, 1]] - c[runs[:, 0]]) / np.maximum(runs[:, 1] - runs[:, 0], 1)
+
+
+def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
+    """The period covering the most launches, descended into while a shorter period nested in
+    its runs covers at least a quarter as much (whole forwards repeat at the forward's period in
+    a decode stretch; the layers inside them repeat at a shorter one)."""
+    best = max(pool, key=lambda p: (cov[p], -p))
+    while True:
+        m = _mask(n, cands[best])
+        inner = [q for q in pool if q < best and cov[q] >= 0.25 * cov[best]
+                 and (_inside(cands[q], m) > 0.5).mean() >= 0.5]
+        if not inner:
+            return best
+        best = max(inner, key=lambda q: (cov[q], -q))
+
+
+SIMILAR = 0.75   # share of positions a block at a stack's edge must match to count as a layer
+
+
+def _extend(codes: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """Whole blocks added at a run's edges where the block there matches the run's neighbouring
+    block in at least SIMILAR of its positions: the first layer of a compiled model is fused
+    with the embedding, the last with the final norm, yet they are layers."""
+    out = runs.copy()
+    n = len(codes)
+    for k, (a, b, e, p) in enumerate(runs):
+        while a - p >= 0 and (codes[a - p:a] == codes[a:a + p]).mean() >= SIMILAR:
+            a -= p
+        while b + p <= n and (codes[b:b + p] == codes[b - p:b]).mean() >= SIMILAR:
+            b += p
+            e = max(e, b)
+        out[k] = (a, b, e, p)
+    return out
+
+
+def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
+    """Layer block kinds and stacks of the executed stream `codes` (kernel identity codes).
+
+    Kinds are taken one at a time: the primitive period covering the most launches not yet
+    taken (`_primitive`); the first is the main block. A further kind must either touch taken
+    runs (another kind of layer in the same stack: dense layers before MoE layers) or have runs
+    about as long as the main's (the same layers in forwards of another shape, e.g. prefill
+    attention in place of decode attention's two kernels); short repeats elsewhere (a sampler's
+    a-b-c-a-b-c) are neither."""
+    n = len(codes)
+    cands = {}
+    for p in range(3, min(MAX_PERIOD, max(n // 2, 3)) + 1):
+        r = _runs(codes, p)
+        if len(r):
+            r = r[_distinct_ok(codes, r, p)]
+        if len(r):
+            cands[p] = r
+    if not cands:
+        return Blocks([], np.zeros((0, 2), np.int64), notes=["no block of kernels repeats back to back"])
+    cov = {p: _coverage(r) for p, r in cands.items()}
+    main = _primitive(cands, cov, n, list(cands))
+    per_win = pd.Series(window[cands[main][:, 0]]).value_counts()
+    if per_win.max() < 2:
+        return Blocks([], np.zeros((0, 2), np.int64),
+                      notes=[f"no layer structure: the repeated block that covers the most launches "
+                       f"({main} kernels) occurs at most once between request gaps"])
+    chosen = {main: cands[main]}
+    taken = _mask(n, cands[main])
+    mean_main = cov[main] / len(cands[main])
+    while True:
+        slack = max(min(chosen) // 2, 2)
+        grown = np.concatenate([[0], np.cumsum(taken)])
+        left = {}
+        for p, r in cands.items():
+            if p in chosen or any(p % k == 0 for k in chosen):
+                continue
+            # a run holding taken launches beyond its edges is a super-structure (whole forwards
+            # repeating around their layers), not another kind of layer
+            c = np.concatenate([[0], np.cumsum(taken)])
+            r = r[(c[r[:, 1]] - c[r[:, 0]]) <= slack]
+            if len(r) == 0:
+                continue
+            lo = np.clip(r[:, 0] - slack, 0, n)
+            hi = np.clip(r[:, 1] + slack, 0, n)
+            touch = (grown[hi] - grown[lo]) > 0
+            similar = (r[:, 1] - r[:, 0]) >= 0.5 * mean_main
+            # a stack as long as the main ones counts even alone (the one forward of its shape);
+            # short runs touching a stack only when they recur
+            r = r[similar | (touch & (touch.sum() >= 0.1 * len(cands[main])))]
+            if len(r):
+                left[p] = r
+        if not left:
+            break
+        lcov = {p: _coverage(r) for p, r in left.items()}
+        p = _primitive(left, lcov, n, list(left))
+        chosen[p] = left[p]
+        taken |= _mask(n, left[p])
+    runs = np.concatenate([np.column_stack([r, np.full(len(r), p)]) for p, r in chosen.items()])
+    runs = runs[np.argsort(runs[:, 0], kind="stable")]
+    runs = _extend(codes, runs)
+    slack = max(min(chosen) // 2, 1)
+    stacks: list[list[int]] = []
+    for a, b, _, _ in runs:
+        if stacks and a <= stacks[-1][1] + slack:
+            stacks[-1][1] = max(stacks[-1][1], int(b))
+        else:
+            stacks.append([int(a), int(b)])
+    info = []
+    for p, r in chosen.items():
+        reps = pd.Series((r[:, 1] - r[:, 0]) // p).mode()
+        info.append({"period": int(p), "runs": int(len(r)), "reps": int(reps.iloc[0]),
+                     "example": codes[r[0, 0]:r[0, 0] + p].tolist()})
+    return Blocks(info, np.array(stacks, np.int64).reshape(-1, 2), np.asarray(runs, np.int64).reshape(-1, 4))
+
+
+def _prefix_len(g: tuple, pat: tuple) -> int:
+    n = 0
+    for x, y in zip(g, pat):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Cuts:
+    forward: np.ndarray      # per executed-stream position, -1 outside any forward
+    boundaries: pd.DataFrame  # forward, start, stack_start, stack_end, end, cut_by, confidence
+
+
+def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: np.ndarray,
+               gaps: list[tuple], common: tuple) -> int:
+    """Where the common between-stacks sequence splits into tail and head.
+
+    The edges of request windows show it: after a window's last stack come the tail's launches
+    (then the idle gap), before its first stack the head's. Offset k is scored by how many
+    windows end with a stretch starting like common[:k] and start with one ending like
+    common[k:]; ties go to the offset with the largest median host gap over the common
+    sequence's occurrences (the engine's scheduling and sampling sync sit between steps)."""
+    m = len(common)
+    occ = [i for i, g in enumerate(gaps) if g == common]
+    dt = np.array([np.diff(t_ns[stacks[i, 1] - 1:stacks[i + 1, 0] + 1]) for i in occ], float)
+    med = np.median(dt, axis=0)
+    sw = window[stacks[:, 0]]
+    score = np.zeros(m + 1)
+    bounds = np.flatnonzero(np.diff(window)) + 1
+    w_start = np.concatenate([[0], bounds])
+    w_end = np.concatenate([bounds, [len(codes)]])
+    for w in np.unique(sw):
+        idx = np.flatnonzero(sw == w)
+        first, last = stacks[idx[0]], stacks[idx[-1]]
+        before = tuple(codes[w_start[w]:first[0]].tolist())[::-1]
+        after = tuple(codes[last[1]:w_end[w]].tolist())
+        pre = _prefix_len(after, common)
+        suf = _prefix_len(before, common[::-1])
+        ks = np.arange(m + 1)
+        score += (ks <= pre).astype(float) + (m - ks <= suf).astype(float)
+    best = np.flatnonzero(score == score.max())
+    return int(best[np.argmax(med[best])])
+
+
+def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
+                 window: np.ndarray | None = None) -> Cuts:
+    """One forward per stack; the launches between stacks split into tail and head (step 3).
+    `window`: the time windows of the executed stream (request gaps), whose edges show the cut."""
+    n, k = len(codes), len(stacks)
+    window = np.zeros(n, np.int32) if window is None else window
+    forward = np.full(n, -1, np.int32)
+    cols = ["forward", "start", "stack_start", "stack_end", "end", "cut_by", "confidence"]
+    if k == 0:
+        return Cuts(forward, pd.DataFrame(columns=cols))
+    gaps = [tuple(codes[stacks[i, 1]:stacks[i + 1, 0]].tolist()) for i in range(k - 1)]
+    tail_pat: tuple = ()
+    head_pat: tuple = ()
+    if gaps:
+        common = pd.Series(gaps).value_counts().index[0]
+        cut = _cycle_cut(codes, t_ns, window, stacks, gaps, common)
+        tail_pat, head_pat = common[:cut], common[cut:]
+    starts, ends = np.zeros(k, np.int64), np.zeros(k, np.int64)
+    cut_by, conf = ["capture_edge"] * k, np.ones(k)
+    lead = tuple(codes[:stacks[0, 0]].tolist())
+    starts[0] = stacks[0, 0] - _prefix_len(lead[::-1], head_pat[::-1])
+    for i, g in enumerate(gaps):
+        a, b = int(stacks[i, 1]), int(stacks[i + 1, 0])
+        tl = _prefix_len(g, tail_pat)
+        hd = min(_prefix_len(g[::-1], head_pat[::-1]), len(g) - tl)
+        ends[i], starts[i + 1] = a + tl, b - hd
+        if tl + hd == len(g):
+            cut_by[i + 1], conf[i + 1] = "tail_pattern", 1.0
+        else:
+            # launches neither pattern explains: between requests (start-up work, idle-time
+            # bookkeeping) when a long host gap lies among them, else an unmatched stretch
+            mid = np.diff(t_ns[a + tl - 1:b - hd + 1]) if b - hd > a + tl else np.zeros(0)
+            step = np.median(np.diff(t_ns[a - 1:b + 1])) if b > a else 0
+            cut_by[i + 1] = "request_gap" if len(mid) and mid.max() > 20 * max(step, 1) else "unmatched"
+            conf[i + 1] = round((tl + hd) / len(g), 3)
+    trail = tuple(codes[stacks[-1, 1]:].tolist())
+    ends[-1] = stacks[-1, 1] + _prefix_len(trail, tail_pat)
+    rows = []
+    for i in range(k):
+        forward[starts[i]:ends[i]] = i
+        rows.append((i, int(starts[i]), int(stacks[i, 0]), int(stacks[i, 1]), int(ends[i]), cut_by[i],
+                     float(conf[i])))
+    return Cuts(forward, pd.DataFrame(rows, columns=cols))
+
+
+def layer_map(n: int, blocks: Blocks, cuts: Cuts) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """Per executed position, its layer (-1 outside the stack) and position in the layer block;
+    per forward, the sequence of block kinds (the period of each layer, in order).
+
+    A run of period p contributes as many layers of p kernels as fit in its periodic stretch from
+    where the previous run's layers end (two kinds' runs can overlap by a kernel or two at their
+    seam: the second kind's stretch then starts early); launches inside a stack but between runs
+    join the layer before them."""
+    layer = np.full(n, -1, np.int32)
+    pos = np.full(n, -1, np.int32)
+    pattern: list[list[int]] = []
+    runs = blocks.runs
+    for f, (a, b) in enumerate(zip(cuts.boundaries["stack_start"], cuts.boundaries["stack_end"])):
+        inside = runs[(runs[:, 0] >= a) & (runs[:, 1] <= b)]
+        kinds: list[int] = []
+        cursor = int(a)
+        for s, e, stretch, p in inside:
+            s, p = max(int(s), cursor), int(p)
+            if s > cursor and kinds:
+                layer[cursor:s] = len(kinds) - 1
+                pos[cursor:s] = np.arange(cursor, s) - cursor + kinds[-1]
+            reps = (max(int(stretch), int(e)) - s) // p
+            reps = min(reps, (int(b) - s) // p) if reps * p + s > b else reps
+            for j in range(reps):
+                lo = s + j * p
+                layer[lo:lo + p] = len(kinds)
+                pos[lo:lo + p] = np.arange(p)
+                kinds.append(p)
+            cursor = max(cursor, s + reps * p)
+        pattern.append(kinds)
+    return layer, pos, pattern
+
+
+def kind_names(patterns: list[list[int]], kinds: list[dict]) -> dict[int, str]:
+    """Block kinds named A, B, ... in order of the main block first."""
+    return {k["period"]: chr(ord("A") + i) for i, k in enumerate(kinds)}
