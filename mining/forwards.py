@@ -30,7 +30,7 @@ import pandas as pd
 
 from mining import steps
 from mining.graphs import Executed, executed as executed_stream, read_graphs
-from mining.passes import Passes, _idle_threshold, _repair, gap_threshold, split_passes, split_windows
+from mining.passes import GAP_FLOOR_NS, Passes, _repair, gap_threshold, split_passes, split_windows
 
 
 def kernel_identity(launches: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
@@ -60,16 +60,30 @@ def _captures(launches: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
     return out[cols].fillna({"graph": "", "exec": ""})
 
 
-def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Request window of each forward from the host gaps between consecutive forwards."""
+REQUEST_JUMP = 4.0   # how much longer than every shorter one the first between-request gap is
+
+
+def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray, stack_starts: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> np.ndarray:
+    """Request window of each forward, from the longest host gap between the end of one forward
+    and the first launch of the next (a stall *inside* a forward, a Triton JIT compile say, never splits
+    a request). Gaps between steps of one request (scheduling, sampling, a prefill's first decode)
+    and gaps between requests form two ranges; the threshold sits in the first jump of at least
+    REQUEST_JUMP between consecutive distinct gaps that ends above floor_ns (later, larger jumps
+    separate start-up from serving, not requests)."""
     k = len(starts)
     if k == 0:
         return np.zeros(0, np.int32)
-    between = np.array([t_ns[starts[i + 1]] - t_ns[max(ends[i] - 1, starts[i])] for i in range(k - 1)], np.int64)
-    if len(between) == 0:
-        return np.zeros(1, np.int32)
-    thr = _idle_threshold(between)
-    return np.concatenate([[0], np.cumsum(between > thr)]).astype(np.int32)
+    between = np.zeros(k, np.int64)
+    for i in range(k - 1):
+        a, b = max(int(ends[i]) - 1, int(starts[i])), int(stack_starts[i + 1])
+        between[i + 1] = np.diff(t_ns[a:b + 1]).max() if b > a else 0
+    g = np.unique(between[1:]).astype(float)
+    thr = np.inf
+    for lo, hi in zip(g[:-1], g[1:]):
+        if hi >= floor_ns and hi >= REQUEST_JUMP * max(lo, 1.0):
+            thr = float(np.sqrt(max(lo, 1.0) * hi))
+            break
+    return np.cumsum(between > thr).astype(np.int32)
 
 
 def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | None = None,
@@ -115,7 +129,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
         notes.append(f"{moved} launch(es) moved across a forward boundary (jitter)")
     layer, pos, patterns = steps.layer_map(n, blocks, cuts)
     b = cuts.boundaries
-    req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy())
+    req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy(), b["start"].to_numpy())
     win_e = np.full(n, -1, np.int32)
     inside = forward >= 0
     win_e[inside] = req[forward[inside]]

@@ -106,6 +106,8 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
         best = max(inner, key=lambda q: (cov[q], -q))
 
 
+REQUEST_FLOOR_NS = 2_000_000
+SEAM = 2         # launches two kinds of layer may have between them and still be one stack
 SIMILAR = 0.75   # share of positions a block at a stack's edge must match to count as a layer
 
 
@@ -185,13 +187,17 @@ def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
     runs = np.concatenate([np.column_stack([r, np.full(len(r), p)]) for p, r in chosen.items()])
     runs = runs[np.argsort(runs[:, 0], kind="stable")]
     runs = _extend(codes, runs)
-    slack = max(min(chosen) // 2, 1)
+    # runs merge into one stack where they overlap or touch (two kinds meeting at a seam, which
+    # their periodic stretches can share a kernel or two of); two runs of one kind with launches
+    # between them are two forwards, however few those launches are
     stacks: list[list[int]] = []
-    for a, b, _, _ in runs:
-        if stacks and a <= stacks[-1][1] + slack:
+    last_kind = -1
+    for a, b, _, p in runs:
+        if stacks and (a <= stacks[-1][1] or (a <= stacks[-1][1] + SEAM and p != last_kind)):
             stacks[-1][1] = max(stacks[-1][1], int(b))
         else:
             stacks.append([int(a), int(b)])
+        last_kind = p
     info = []
     for p, r in chosen.items():
         reps = pd.Series((r[:, 1] - r[:, 0]) // p).mode()
@@ -213,6 +219,8 @@ def _prefix_len(g: tuple, pat: tuple) -> int:
 class Cuts:
     forward: np.ndarray      # per executed-stream position, -1 outside any forward
     boundaries: pd.DataFrame  # forward, start, stack_start, stack_end, end, cut_by, confidence
+    tail: tuple = ()          # the learnt tail pattern (codes after a stack)
+    head: tuple = ()          # the learnt head pattern (codes before a stack)
 
 
 def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: np.ndarray,
@@ -259,10 +267,16 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
     gaps = [tuple(codes[stacks[i, 1]:stacks[i + 1, 0]].tolist()) for i in range(k - 1)]
     tail_pat: tuple = ()
     head_pat: tuple = ()
+    request_ns = np.inf
     if gaps:
         common = pd.Series(gaps).value_counts().index[0]
         cut = _cycle_cut(codes, t_ns, window, stacks, gaps, common)
         tail_pat, head_pat = common[:cut], common[cut:]
+        # a host gap this long among unexplained launches is a request boundary: well above the
+        # longest gap of the steady cycle between two steps
+        occ = [i for i, g in enumerate(gaps) if g == common]
+        step_max = np.median([np.diff(t_ns[stacks[i, 1] - 1:stacks[i + 1, 0] + 1]).max() for i in occ])
+        request_ns = max(REQUEST_FLOOR_NS, 4 * step_max)
     starts, ends = np.zeros(k, np.int64), np.zeros(k, np.int64)
     cut_by, conf = ["capture_edge"] * k, np.ones(k)
     lead = tuple(codes[:stacks[0, 0]].tolist())
@@ -271,16 +285,21 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
         a, b = int(stacks[i, 1]), int(stacks[i + 1, 0])
         tl = _prefix_len(g, tail_pat)
         hd = min(_prefix_len(g[::-1], head_pat[::-1]), len(g) - tl)
-        ends[i], starts[i + 1] = a + tl, b - hd
         if tl + hd == len(g):
+            ends[i], starts[i + 1] = a + tl, a + tl
             cut_by[i + 1], conf[i + 1] = "tail_pattern", 1.0
+        elif window[a + tl - 1] != window[b - hd] or (
+                b - hd > a + tl and np.diff(t_ns[a + tl - 1:b - hd + 1]).max() > request_ns):
+            # a request gap among launches neither pattern explains (start-up work, idle-time
+            # bookkeeping): they belong to no forward
+            ends[i], starts[i + 1] = a + tl, b - hd
+            cut_by[i + 1], conf[i + 1] = "request_gap", round((tl + hd) / len(g), 3)
         else:
-            # launches neither pattern explains: between requests (start-up work, idle-time
-            # bookkeeping) when a long host gap lies among them, else an unmatched stretch
-            mid = np.diff(t_ns[a + tl - 1:b - hd + 1]) if b - hd > a + tl else np.zeros(0)
-            step = np.median(np.diff(t_ns[a - 1:b + 1])) if b > a else 0
-            cut_by[i + 1] = "request_gap" if len(mid) and mid.max() > 20 * max(step, 1) else "unmatched"
-            conf[i + 1] = round((tl + hd) / len(g), 3)
+            # a jittered launch (one of the next forward's launched before this one's last):
+            # cut where the tail pattern would end; the jitter repair moves the strays back
+            c = max(tl, min(len(tail_pat), len(g) - hd))
+            ends[i], starts[i + 1] = a + c, a + c
+            cut_by[i + 1], conf[i + 1] = "unmatched", round((tl + hd) / len(g), 3)
     trail = tuple(codes[stacks[-1, 1]:].tolist())
     ends[-1] = stacks[-1, 1] + _prefix_len(trail, tail_pat)
     rows = []
@@ -288,7 +307,7 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
         forward[starts[i]:ends[i]] = i
         rows.append((i, int(starts[i]), int(stacks[i, 0]), int(stacks[i, 1]), int(ends[i]), cut_by[i],
                      float(conf[i])))
-    return Cuts(forward, pd.DataFrame(rows, columns=cols))
+    return Cuts(forward, pd.DataFrame(rows, columns=cols), tail_pat, head_pat)
 
 
 def layer_map(n: int, blocks: Blocks, cuts: Cuts) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
