@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+import dataclasses
+import typing
+
+from mining import contract as C
 from mining import fit as F
+from mining.contract import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
 from mining import pointers as P
 from mining import sites as S
 from mining.load import Dump
 from mining.forwards import find_forwards, kernel_identity, tag_phases
 from mining.passes import Passes, split_passes
 
-ANALYSIS_SCHEMA_VERSION = 1
 SHAPE_COLS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "smem")
 
 
@@ -207,22 +211,94 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
                     _no_layout(dump), holdout, variables, notes)
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
-    def clean(v):
-        if isinstance(v, (np.integer,)):
-            return int(v)
-        if isinstance(v, (np.floating,)):
-            return None if np.isnan(v) else float(v)
-        if isinstance(v, (np.bool_,)):
-            return bool(v)
-        if v is pd.NA:
-            return None
-        return v
-    return [{k: clean(v) for k, v in r.items()} for r in df.to_dict("records")]
+def _plain(v):
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return None if not np.isfinite(v) else float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if v is pd.NA or v is None:
+        return None
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_plain(x) for x in v]
+    return v
 
 
-def to_json(a: Analysis) -> dict:
-    """The whole result as plain JSON types (docs/analysis-json.md)."""
+def _typed(cls, name: str, v):
+    """v as the contract field wants it: an integral float into an int field becomes an int."""
+    hint = typing.get_type_hints(cls)[name]
+    if isinstance(v, float) and (hint is int or hint == (int | None)) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _rows(df: pd.DataFrame, cls, **fixed) -> list:
+    """Records of `cls` from a frame: its columns that are fields of cls, plus `fixed`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    out = []
+    for r in df.to_dict("records"):
+        d = {k: _typed(cls, k, _plain(r.get(k))) for k in names if k not in fixed}
+        out.append(cls(**d, **fixed))
+    return out
+
+
+def _seq_runs(seqs: np.ndarray) -> list[list[int]]:
+    if len(seqs) == 0:
+        return []
+    brk = np.flatnonzero(np.diff(seqs) != 1) + 1
+    starts = np.concatenate([[0], brk])
+    lens = np.diff(np.concatenate([starts, [len(seqs)]]))
+    return [[int(seqs[s]), int(n)] for s, n in zip(starts, lens)]
+
+
+def _forward_seqs(a: Analysis) -> dict[int, list[list[int]]]:
+    E = a.passes.executed
+    if E is None:
+        fw = a.passes.forward
+        seq = a.dump.launches["seq"].to_numpy()
+    else:
+        fw = E["forward"].to_numpy()
+        seq = E["seq"].to_numpy()
+    m = fw >= 0
+    order = np.argsort(fw[m], kind="stable")
+    f_sorted, s_sorted = fw[m][order], seq[m][order]
+    cuts = np.flatnonzero(np.diff(f_sorted)) + 1
+    out = {}
+    for part_f, part_s in zip(np.split(f_sorted, cuts), np.split(s_sorted, cuts)):
+        if len(part_f):
+            out[int(part_f[0])] = _seq_runs(part_s)
+    return out
+
+
+def _shape(d: dict) -> C.Shape:
+    kinds = d.get("kinds") or [{"kind": "A", "count": d["layers"], "sites_per_layer": d["sites_per_layer"]}]
+    pattern = d.get("pattern") or (f"A×{d['layers']}" if d["layers"] > 1 else "")
+    return C.Shape(int(d["forwards"]), int(d["example_forward"]), pattern, int(d["layers"]),
+                   int(d["sites_per_layer"]), [C.KindCount(k["kind"], int(k["count"]), int(k["sites_per_layer"]))
+                                               for k in kinds], int(d["launches"]))
+
+
+def document(a: Analysis) -> C.AnalysisDoc:
+    """The analysis as the typed contract (mining/contract.py; docs/analysis-json.md)."""
+    P = a.passes
+    f = a.forwards.copy()
+    seqs = _forward_seqs(a)
+    for col, v in (("replayed", 0), ("graph_execs", 0), ("layers", 0), ("pattern", ""),
+                   ("cut_by", "core_kernel"), ("confidence", np.nan), ("phase", "serve")):
+        if col not in f:
+            f[col] = v
+    forwards = [C.Forward(**{k: _typed(C.Forward, k, _plain(r[k])) for k in
+                             [x.name for x in dataclasses.fields(C.Forward) if x.name != "seqs"]},
+                          seqs=seqs.get(int(r["forward"]), []))
+                for r in f.to_dict("records")]
+    caps = _rows(P.captures, C.Capture) if P.captures is not None and len(P.captures) else []
+    blocks = [C.BlockKind(b["kind"], int(b["period"]), int(b["runs"]), int(b["reps"]), list(b["kernels"]))
+              for b in P.blocks]
+    E = P.executed
+    replays = int(E.loc[E["replay"] >= 0, "replay"].nunique()) if E is not None else 0
+    shapes = [_shape(d) for d in a.layers]
+    main = max(shapes, key=lambda s: s.forwards) if shapes else None
     ptrs = a.pointers.copy()
     for c in ("alloc_base", "value"):
         if c in ptrs:
@@ -230,26 +306,35 @@ def to_json(a: Analysis) -> dict:
     bufs = a.buffers.copy()
     if "alloc_base" in bufs:
         bufs["alloc_base"] = [hex(int(x)) for x in bufs["alloc_base"]]
-    main = max(a.layers, key=lambda b: b["forwards"]) if a.layers else None
-    return {
-        "schema_version": ANALYSIS_SCHEMA_VERSION,
-        "source": {"launches_file": a.dump.source.name, "pid": a.dump.pid,
-                   "launches": int(len(a.dump.launches))},
-        "notes": a.notes,
-        "passes": {"gap_ns": a.passes.gap_ns, "core": a.passes.core,
-                   "core_per_forward": a.passes.per_forward,
-                   "windows": int(len(np.unique(a.passes.window))),
-                   "forwards": _records(a.forwards)},
-        "reference": {"symbol": a.reference.symbol, "axis": a.reference.axis,
-                      "candidates": a.reference.candidates, "variables": a.variables,
-                      "holdout_tokens": a.holdout_tokens},
-        "layers": {"layers": main["layers"] if main else 0,
-                   "sites_per_layer": main["sites_per_layer"] if main else 0,
-                   "shapes": a.layers, "strides": _records(a.strides)},
-        "sites": _records(a.sites.index.drop(columns=["first_seq"])),
-        "partial": _records(a.sites.partial),
-        "pointers": _records(ptrs),
-        "buffers": _records(bufs),
-        "fits": _records(a.fits),
-        "no_layout": _records(a.no_layout),
-    }
+    fits = a.fits.copy()
+    if len(fits):
+        if "as_f32" not in fits:
+            fits["as_f32"] = np.nan
+        fits["alternatives"] = [[str(x) for x in v] if isinstance(v, list) else [] for v in fits["alternatives"]]
+    return C.AnalysisDoc(
+        schema_version=C.ANALYSIS_SCHEMA_VERSION,
+        source=C.Source(a.dump.source.name, a.dump.pid, int(len(a.dump.launches)),
+                        int(len(E)) if E is not None else int(len(a.dump.launches)), replays),
+        notes=list(a.notes),
+        passes=C.Passes(P.method, int(P.gap_ns), str(P.core), int(P.per_forward),
+                        int(f["window"].nunique()), forwards, caps, blocks),
+        reference=C.Reference(a.reference.symbol, a.reference.axis,
+                              [C.Candidate(**{k: _plain(c[k]) for k in
+                                              ("symbol", "axis", "failures", "distinct", "dropped", "max")})
+                               for c in a.reference.candidates],
+                              list(a.variables), _plain(a.holdout_tokens)),
+        layers=C.Layers(main.layers if main else 0, main.sites_per_layer if main else 0,
+                        main.pattern if main else "", shapes, _rows(a.strides, C.Stride)),
+        sites=_rows(a.sites.index, C.Site) if "builds" in a.sites.index else
+        _rows(a.sites.index.assign(builds=1), C.Site),
+        partial=_rows(a.sites.partial, C.Partial),
+        pointers=_rows(ptrs, C.Pointer),
+        buffers=_rows(bufs, C.Buffer),
+        fits=_rows(fits, C.Fit) if len(fits) else [],
+        no_layout=_rows(a.no_layout, C.NoLayout),
+    )
+
+
+def to_json(a: Analysis) -> dict:
+    """The whole result as plain JSON types (docs/analysis-json.md)."""
+    return document(a).to_json()

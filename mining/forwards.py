@@ -139,21 +139,23 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     win_e[~inside] = req[fill[~inside]]
     E = E.assign(kernel=codes, window=win_e, forward=forward, layer=layer, pos=pos)
     letters = steps.kind_names(patterns, blocks.kinds)
-    rows = []
     seq = E["seq"].to_numpy()
     rep = E["replay"].to_numpy()
+    m = forward >= 0
+    G = pd.DataFrame({"forward": forward[m], "seq": seq[m], "t": t[m], "k": codes[m],
+                      "rep": rep[m]}).groupby("forward")
+    agg = pd.DataFrame({"n_launches": G.size(), "n_kernels": G["k"].nunique(),
+                        "first_seq": G["seq"].min(), "last_seq": G["seq"].max(),
+                        "start_ns": G["t"].min(), "end_ns": G["t"].max(),
+                        "replayed": G["rep"].agg(lambda r: int((r >= 0).sum())),
+                        "graph_execs": G["rep"].agg(lambda r: int(len(np.unique(r[r >= 0]))))})
+    rows = []
     for i, r in b.iterrows():
-        sl = slice(int(r["start"]), int(r["end"]))
-        m = forward[sl] == i
         pat = patterns[i]
-        rows.append({"forward": i, "window": int(req[i]), "n_launches": int(m.sum()),
-                     "n_kernels": int(len(np.unique(codes[sl][m]))),
-                     "first_seq": int(seq[sl][m].min()) if m.any() else -1,
-                     "last_seq": int(seq[sl][m].max()) if m.any() else -1,
-                     "start_ns": int(t[sl][m].min()) if m.any() else 0,
-                     "end_ns": int(t[sl][m].max()) if m.any() else 0,
-                     "replayed": int((rep[sl][m] >= 0).sum()),
-                     "graph_execs": int(len(np.unique(rep[sl][m][rep[sl][m] >= 0]))),
+        a = agg.loc[i] if i in agg.index else None
+        rows.append({"forward": i, "window": int(req[i]),
+                     **({k: int(a[k]) for k in agg.columns} if a is not None else
+                        {k: 0 for k in agg.columns}),
                      "layers": len(pat), "pattern": _pattern(pat, letters),
                      "cut_by": r["cut_by"], "confidence": r["confidence"], "phase": "serve"})
     f = pd.DataFrame(rows).astype({"forward": "int32", "window": "int32", "n_launches": "int32",

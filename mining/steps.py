@@ -228,30 +228,35 @@ def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: 
     """Where the common between-stacks sequence splits into tail and head.
 
     The edges of request windows show it: after a window's last stack come the tail's launches
-    (then the idle gap), before its first stack the head's. Offset k is scored by how many
-    windows end with a stretch starting like common[:k] and start with one ending like
-    common[k:]; ties go to the offset with the largest median host gap over the common
-    sequence's occurrences (the engine's scheduling and sampling sync sit between steps)."""
+    and then the idle gap, so the tail is as long as the prefix of `common` such stretches
+    start with (the most common length over the windows; the longest on a tie). Windows' first
+    stacks are the fallback evidence (a head ends like common's suffix; prefill heads often
+    differ from decode heads, so they come second), then the offset with the largest median
+    host gap over common's occurrences (the engine's scheduling and sampling sync sit between
+    steps)."""
     m = len(common)
     occ = [i for i, g in enumerate(gaps) if g == common]
     dt = np.array([np.diff(t_ns[stacks[i, 1] - 1:stacks[i + 1, 0] + 1]) for i in occ], float)
     med = np.median(dt, axis=0)
     sw = window[stacks[:, 0]]
-    score = np.zeros(m + 1)
     bounds = np.flatnonzero(np.diff(window)) + 1
     w_start = np.concatenate([[0], bounds])
     w_end = np.concatenate([bounds, [len(codes)]])
+    pres, sufs = [], []
     for w in np.unique(sw):
         idx = np.flatnonzero(sw == w)
         first, last = stacks[idx[0]], stacks[idx[-1]]
-        before = tuple(codes[w_start[w]:first[0]].tolist())[::-1]
-        after = tuple(codes[last[1]:w_end[w]].tolist())
-        pre = _prefix_len(after, common)
-        suf = _prefix_len(before, common[::-1])
-        ks = np.arange(m + 1)
-        score += (ks <= pre).astype(float) + (m - ks <= suf).astype(float)
-    best = np.flatnonzero(score == score.max())
-    return int(best[np.argmax(med[best])])
+        if last[1] < w_end[w]:
+            pres.append(_prefix_len(tuple(codes[last[1]:w_end[w]].tolist()), common))
+        if first[0] > w_start[w]:
+            sufs.append(_prefix_len(tuple(codes[w_start[w]:first[0]].tolist())[::-1], common[::-1]))
+    pres = [x for x in pres if 0 < x < m]
+    sufs = [m - x for x in sufs if 0 < x < m]
+    for ev in (pres, sufs):
+        if ev:
+            vc = pd.Series(ev).value_counts()
+            return int(max(vc.index[vc == vc.max()]))
+    return int(np.argmax(med))
 
 
 def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
@@ -267,16 +272,19 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
     gaps = [tuple(codes[stacks[i, 1]:stacks[i + 1, 0]].tolist()) for i in range(k - 1)]
     tail_pat: tuple = ()
     head_pat: tuple = ()
+    common: tuple = ()
     request_ns = np.inf
     if gaps:
         common = pd.Series(gaps).value_counts().index[0]
-        cut = _cycle_cut(codes, t_ns, window, stacks, gaps, common)
-        tail_pat, head_pat = common[:cut], common[cut:]
-        # a host gap this long among unexplained launches is a request boundary: well above the
-        # longest gap of the steady cycle between two steps
+        # a host gap well above the longest gap of the steady cycle between two steps is a
+        # request boundary; windows at that threshold show where the cycle is cut
         occ = [i for i, g in enumerate(gaps) if g == common]
         step_max = np.median([np.diff(t_ns[stacks[i, 1] - 1:stacks[i + 1, 0] + 1]).max() for i in occ])
         request_ns = max(REQUEST_FLOOR_NS, 4 * step_max)
+        fine = np.concatenate([[0], np.cumsum(np.diff(t_ns) > request_ns)]).astype(np.int32)
+        window = fine
+        cut = _cycle_cut(codes, t_ns, window, stacks, gaps, common)
+        tail_pat, head_pat = common[:cut], common[cut:]
     starts, ends = np.zeros(k, np.int64), np.zeros(k, np.int64)
     cut_by, conf = ["capture_edge"] * k, np.ones(k)
     lead = tuple(codes[:stacks[0, 0]].tolist())
@@ -290,9 +298,20 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
             cut_by[i + 1], conf[i + 1] = "tail_pattern", 1.0
         elif window[a + tl - 1] != window[b - hd] or (
                 b - hd > a + tl and np.diff(t_ns[a + tl - 1:b - hd + 1]).max() > request_ns):
-            # a request gap among launches neither pattern explains (start-up work, idle-time
-            # bookkeeping): they belong to no forward
-            ends[i], starts[i + 1] = a + tl, b - hd
+            # a request gap among launches neither pattern explains. A short stretch is the
+            # steps' own work around the idle gap (the finished request's bookkeeping before
+            # it, the next request's input staging after it): split at the gap. A long one
+            # (start-up work, thousands of launches between a warm-up and the first request)
+            # belongs to no forward
+            lo, hi = a + tl, b - hd
+            dt = np.diff(t_ns[lo - 1:hi + 1])          # dt[j]: the gap before position lo + j
+            big = np.flatnonzero(dt > request_ns)
+            if len(big) == 0:
+                big = np.array([int(np.argmax(dt))])
+            first, last = lo + int(big[0]), lo + int(big[-1])
+            short = max(len(common), 1)
+            ends[i] = first if first - lo <= short else lo
+            starts[i + 1] = last if hi - last <= short else hi
             cut_by[i + 1], conf[i + 1] = "request_gap", round((tl + hd) / len(g), 3)
         else:
             # a jittered launch (one of the next forward's launched before this one's last):

@@ -9,6 +9,7 @@ import pytest
 from dumpsim import INPUTS, KV, LAYER_STRIDE, KV_HALF, SimConfig, simulate
 from mining.analyze import analyze, to_json
 from mining.load import load_dump
+from mining.contract import ANALYSIS_SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_no_layout_kernels_listed(sim):
 def test_json_is_complete(sim):
     a, truth = sim
     doc = json.loads(json.dumps(to_json(a)))
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == ANALYSIS_SCHEMA_VERSION
     assert doc["layers"]["layers"] == truth.layers
     assert [f["tokens"] for f in doc["passes"]["forwards"]] == truth.forwards
     roles = {p["role"] for p in doc["pointers"]}

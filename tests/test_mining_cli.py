@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dumpsim import SimConfig, simulate
+from mining.contract import ANALYSIS_SCHEMA_VERSION
 
 
 def run(*args):
@@ -33,7 +34,7 @@ def test_analyze_writes_everything(dump, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "tokens reference" in out.stdout and "layers: 4" in out.stdout
     doc = json.loads((tmp_path / "a.json").read_text())
-    assert doc["schema_version"] == 1 and doc["fits"]
+    assert doc["schema_version"] == ANALYSIS_SCHEMA_VERSION and doc["fits"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((tmp_path / "tr.json").read_text())
     assert any(e["name"].startswith("forward") for e in trace["traceEvents"])

@@ -1,0 +1,316 @@
+"""The analysis contract: what `mine analyze` hands every generator, as typed records.
+
+Why: a generator that re-mines the dump with rules of its own would never see a better analysis;
+this is the one result the stages after mining read (`mine gen qwen3 --analysis FILE`, the
+notebook), so it is declared here once, as dataclasses, with a strict JSON round trip:
+`AnalysisDoc.to_json()` gives plain JSON types (no NaN: a missing number is null) and
+`from_json(obj)` rebuilds the same records, refusing a schema_version it does not know, an
+unknown or missing key and a value of the wrong type with one `AnalysisError` that names the
+JSON path. docs/analysis-json.md documents every field; `mining/analyze.py` builds the
+document from the frames (`document(analysis)`).
+
+This module imports nothing but the standard library, so a later stage can read an analysis
+without pandas. Not checked here: cross-references (a fit's site existing in `sites`), which
+the builder guarantees and the tests assert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+
+ANALYSIS_SCHEMA_VERSION = 2
+
+
+class AnalysisError(ValueError):
+    """An analysis JSON this reader cannot take: names the JSON path and what is wrong there."""
+
+
+@dataclass
+class Source:
+    launches_file: str
+    pid: int | None
+    launches: int          # launch records in the dump (the chosen process)
+    executed: int          # kernel executions on the timeline (eager launches + replayed kernels)
+    replays: int           # graph launches expanded
+
+
+@dataclass
+class Forward:
+    forward: int
+    window: int            # request window
+    phase: str             # startup | serve
+    tokens: int | None     # the reference's value (null where it did not run)
+    n_launches: int
+    n_kernels: int
+    first_seq: int
+    last_seq: int
+    start_ns: int
+    end_ns: int
+    replayed: int          # of n_launches, kernels run from CUDA-graph replays
+    graph_execs: int       # distinct graph replays in the forward
+    layers: int
+    pattern: str           # block kinds of its layer stack, e.g. "A×2 B×3"
+    cut_by: str            # what decided its start boundary (docs/analysis-json.md)
+    confidence: float | None
+    seqs: list[list[int]]  # its executions in order, as runs [first seq, count] of consecutive seqs
+
+
+@dataclass
+class Capture:
+    capture_id: int
+    graph: str
+    exec: str
+    launches: int
+    first_seq: int
+    last_seq: int
+
+
+@dataclass
+class BlockKind:
+    kind: str              # A, B, ... (A is the main block)
+    period: int            # kernels per layer block
+    runs: int              # stacks holding it
+    reps: int              # modal layers per run
+    kernels: list[str]     # one block's kernels by identity name, in order
+
+
+@dataclass
+class Passes:
+    method: str            # layer_stacks | core_kernel
+    gap_ns: int
+    core: str
+    core_per_forward: int
+    windows: int
+    forwards: list[Forward]
+    captures: list[Capture]
+    blocks: list[BlockKind]
+
+
+@dataclass
+class Candidate:
+    symbol: str
+    axis: str
+    failures: int
+    distinct: int
+    dropped: int
+    max: int
+
+
+@dataclass
+class Reference:
+    symbol: str | None
+    axis: str | None
+    candidates: list[Candidate]
+    variables: list[str]
+    holdout_tokens: int | None
+
+
+@dataclass
+class KindCount:
+    kind: str
+    count: int
+    sites_per_layer: int
+
+
+@dataclass
+class Shape:
+    forwards: int
+    example_forward: int
+    pattern: str
+    layers: int
+    sites_per_layer: int
+    kinds: list[KindCount]
+    launches: int
+
+
+@dataclass
+class Stride:
+    symbol: str
+    pos: int
+    i: int
+    at: int
+    role: str
+    layers: int
+    stride: int | None
+
+
+@dataclass
+class Layers:
+    layers: int
+    sites_per_layer: int
+    pattern: str
+    shapes: list[Shape]
+    strides: list[Stride]
+
+
+@dataclass
+class Site:
+    site: str
+    symbol: str
+    occ: int
+    n_forwards: int
+    builds: int            # distinct kernel builds (module sha256) the site ran
+    layer: int
+    pos: int
+
+
+@dataclass
+class Partial:
+    symbol: str
+    modal_count: int
+    forwards_present: int
+    forwards_kept: int
+    counts: list[int]
+
+
+@dataclass
+class Pointer:
+    site: str
+    symbol: str
+    layer: int
+    pos: int
+    i: int
+    at: int
+    role: str
+    forwards: int
+    ptr_forwards: int
+    addresses: int
+    buffer_id: int
+    buffers: int
+    alloc_base: str
+    alloc_size: int
+    offset: int
+    value: str
+
+
+@dataclass
+class Buffer:
+    buffer_id: int
+    offset: int
+    alloc_base: str
+    alloc_size: int
+    role: str
+    sites: int
+    offsets_in_alloc: int
+
+
+@dataclass
+class Fit:
+    site: str
+    symbol: str
+    occ: int
+    layer: int
+    pos: int
+    field: str
+    status: str
+    expr: str | None
+    points: int
+    alternatives: list[str]
+    note: str
+    holdout: str
+    values: list[int]
+    as_f32: float | None
+
+
+@dataclass
+class NoLayout:
+    symbol: str
+    launches: int
+    packing: str | None
+
+
+@dataclass
+class AnalysisDoc:
+    schema_version: int
+    source: Source
+    notes: list[str]
+    passes: Passes
+    reference: Reference
+    layers: Layers
+    sites: list[Site]
+    partial: list[Partial]
+    pointers: list[Pointer]
+    buffers: list[Buffer]
+    fits: list[Fit]
+    no_layout: list[NoLayout] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return _dump(self)
+
+    def serve_forwards(self) -> list[Forward]:
+        return [f for f in self.passes.forwards if f.phase == "serve"]
+
+
+def _dump(v):
+    if dataclasses.is_dataclass(v):
+        return {f.name: _dump(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, list):
+        return [_dump(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+_HINTS: dict[type, dict] = {}
+
+
+def _hints(cls) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _load(tp, v, path: str):
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise AnalysisError(f"{path}: expected an object, got {type(v).__name__}")
+        hints = _hints(tp)
+        names = [f.name for f in dataclasses.fields(tp)]
+        unknown = sorted(set(v) - set(names))
+        if unknown:
+            raise AnalysisError(f"{path}: unknown key(s) {unknown}")
+        missing = [n for n in names if n not in v]
+        if missing:
+            raise AnalysisError(f"{path}: missing key(s) {missing}")
+        return tp(**{n: _load(hints[n], v[n], f"{path}.{n}") for n in names})
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if v is None else _load(args[0], v, path)
+    if origin is list:
+        if not isinstance(v, list):
+            raise AnalysisError(f"{path}: expected a list, got {type(v).__name__}")
+        (arg,) = typing.get_args(tp)
+        return [_load(arg, x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise AnalysisError(f"{path}: expected an integer, got {v!r:.40}")
+        return v
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise AnalysisError(f"{path}: expected a finite number, got {v!r:.40}")
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise AnalysisError(f"{path}: expected a string, got {v!r:.40}")
+        return v
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise AnalysisError(f"{path}: expected true or false, got {v!r:.40}")
+        return v
+    raise TypeError(f"contract type {tp!r} at {path} has no reader")  # a bug in this module
+
+
+def from_json(obj) -> AnalysisDoc:
+    """The AnalysisDoc in `obj` (parsed JSON); AnalysisError names what is wrong and where."""
+    if not isinstance(obj, dict):
+        raise AnalysisError("analysis: expected a JSON object")
+    ver = obj.get("schema_version")
+    if ver != ANALYSIS_SCHEMA_VERSION:
+        raise AnalysisError(f"analysis: schema_version {ver!r} is not the supported "
+                            f"{ANALYSIS_SCHEMA_VERSION} (re-run `mine analyze` to refresh it)")
+    return _load(AnalysisDoc, obj, "analysis")
