@@ -140,10 +140,13 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int) -> R
     samples = site_samples(launches, sites)
     once = sites.index[(sites.index["occ"] == 0)]
     modal1 = set(sites.partial.loc[sites.partial["modal_count"] != 1, "symbol"])
-    counts = sites.table.groupby("symbol")["occ"].max()
+    per_fwd = (sites.table.groupby(["symbol", "forward"]).size().groupby(level=0)
+               .agg(lambda c: int(c.mode().max())).to_dict())
     cands = []
     for _, r in once.iterrows():
-        if counts[r["symbol"]] != 0 or r["symbol"] in modal1:
+        # runs once per forward: its modal count is 1 (a forward that launched it twice, a
+        # merged or a split one, only leaves that forward out of its samples)
+        if r["symbol"] in modal1 or per_fwd.get(r["symbol"], 0) != 1:
             continue
         fwds, vals = samples[r["site"]]
         for k, ax in enumerate(GRID):

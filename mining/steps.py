@@ -108,7 +108,7 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
 
 REQUEST_FLOOR_NS = 2_000_000
 SEAM = 2         # launches two kinds of layer may have between them and still be one stack
-SIMILAR = 0.75   # share of positions a block at a stack's edge must match to count as a layer
+SIMILAR = 0.6    # share of positions a block at a stack's edge must match to count as a layer
 
 
 def _extend(codes: np.ndarray, runs: np.ndarray) -> np.ndarray:
@@ -118,13 +118,30 @@ def _extend(codes: np.ndarray, runs: np.ndarray) -> np.ndarray:
     out = runs.copy()
     n = len(codes)
     for k, (a, b, e, p) in enumerate(runs):
-        while a - p >= 0 and (codes[a - p:a] == codes[a:a + p]).mean() >= SIMILAR:
+        # one block at each edge at most: the irregular layers are the first and the last
+        if a - p >= 0 and (codes[a - p:a] == codes[a:a + p]).mean() >= SIMILAR:
             a -= p
-        while b + p <= n and (codes[b:b + p] == codes[b - p:b]).mean() >= SIMILAR:
+        if b + p <= n and (codes[b:b + p] == codes[b - p:b]).mean() >= SIMILAR:
             b += p
             e = max(e, b)
         out[k] = (a, b, e, p)
     return out
+
+
+def _seams(runs: np.ndarray) -> np.ndarray:
+    """Runs of two kinds meeting at a seam overlap when the first kind's last kernel equals the
+    second kind's last kernel (the second's periodic stretch then starts one kernel early, out of
+    phase with its layers). Start such a run where the previous one's blocks end, keeping the
+    whole blocks its stretch still holds."""
+    out = runs.copy()
+    end = -1
+    for k, (a, b, e, p) in enumerate(out):
+        if end > a and end - a < p:
+            a = end
+            b = a + ((max(e, b) - a) // p) * p
+            out[k] = (a, b, e, p)
+        end = max(end, int(out[k, 1]))
+    return out[out[:, 1] - out[:, 0] >= out[:, 3]]
 
 
 def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
@@ -186,7 +203,7 @@ def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
         taken |= _mask(n, left[p])
     runs = np.concatenate([np.column_stack([r, np.full(len(r), p)]) for p, r in chosen.items()])
     runs = runs[np.argsort(runs[:, 0], kind="stable")]
-    runs = _extend(codes, runs)
+    runs = _seams(_extend(codes, runs))
     # runs merge into one stack where they overlap or touch (two kinds meeting at a seam, which
     # their periodic stretches can share a kernel or two of); two runs of one kind with launches
     # between them are two forwards, however few those launches are
