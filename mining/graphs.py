@@ -81,27 +81,63 @@ class Executed:
     notes: list[str] = field(default_factory=list)
 
 
-def _graph_members(launches: pd.DataFrame, graphs: pd.DataFrame) -> dict[str, np.ndarray]:
-    """graph id -> launches-frame rows captured into it (capture order)."""
+def _by_capture(launches: pd.DataFrame) -> dict[int, np.ndarray]:
     cap = launches["capture_id"].to_numpy()
-    seq = launches["seq"].to_numpy()
-    by_cap = pd.Series(np.arange(len(cap))[cap >= 0]).groupby(cap[cap >= 0]).apply(np.asarray).to_dict() \
-        if (cap >= 0).any() else {}
-    members: dict[str, np.ndarray] = {}
-    ends = graphs[(graphs["event"] == "capture_end") & graphs["graph"].notna()]
-    for g, cid in zip(ends["graph"], ends["capture_id"]):
-        if pd.notna(cid) and int(cid) in by_cap:
-            members[g] = by_cap[int(cid)]
-    nodes = graphs[graphs["event"] == "kernel_node"]
-    if len(nodes):
-        pos = pd.Series(np.arange(len(seq)), index=seq)
-        for key in ("graph", "exec"):
-            sub = nodes[nodes[key].notna() & nodes["seq"].notna()]
-            for g, grp in sub.groupby(key):
-                rows = pos.reindex(grp["seq"].astype("int64").to_numpy()).dropna().astype(int).to_numpy()
-                if len(rows):
-                    members[g] = np.concatenate([members.get(g, np.zeros(0, int)), rows])
-    return members
+    m = cap >= 0
+    if not m.any():
+        return {}
+    rows = np.flatnonzero(m)
+    order = np.argsort(cap[m], kind="stable")
+    ids, starts = np.unique(cap[m][order], return_index=True)
+    return {int(i): part for i, part in zip(ids, np.split(rows[order], starts[1:]))}
+
+
+def _latest(events: pd.DataFrame, key: str, t: int):
+    """The row of `events` (sorted by t_ns, one key) last at or before t, or None."""
+    pos = np.searchsorted(events["t_ns"].to_numpy(np.int64), t, side="right") - 1
+    return None if pos < 0 else events.iloc[pos]
+
+
+def _exec_rows(launches: pd.DataFrame, graphs: pd.DataFrame):
+    """A function (exec, t_ns) -> launches-frame rows the exec ran at that time, or None.
+
+    Graph and exec handles are addresses, and the driver reuses them once destroyed (vLLM
+    captures ~50 graphs at start-up), so every link is taken as of the time it is needed: the
+    exec's latest instantiation before the launch, that graph's latest capture before the
+    instantiation, and kernel nodes added to that graph (or exec) before it."""
+    by_cap = _by_capture(launches)
+    pos = pd.Series(np.arange(len(launches)), index=launches["seq"].to_numpy())
+    g = graphs[graphs["t_ns"].notna()].astype({"t_ns": "int64"}).sort_values("t_ns", kind="stable")
+    ends = {k: v.reset_index(drop=True) for k, v in g[(g["event"] == "capture_end") & g["graph"].notna()].groupby("graph")}
+    inst = {k: v.reset_index(drop=True) for k, v in g[(g["event"] == "instantiate") & g["exec"].notna()].groupby("exec")}
+    nodes = g[(g["event"] == "kernel_node") & g["seq"].notna()]
+    node_by = {}
+    for key in ("graph", "exec"):
+        for k, v in nodes[nodes[key].notna()].groupby(key):
+            node_by[k] = v.reset_index(drop=True)
+
+    def node_rows(handle: str, t: int) -> np.ndarray:
+        v = node_by.get(handle)
+        if v is None:
+            return np.zeros(0, np.int64)
+        v = v[v["t_ns"] <= t]
+        return pos.reindex(v["seq"].astype("int64").to_numpy()).dropna().astype(np.int64).to_numpy()
+
+    def rows(exec_: str, t: int):
+        got = []
+        ins = inst.get(exec_)
+        if ins is not None:
+            r = _latest(ins, "exec", t)
+            if r is not None and isinstance(r["graph"], str):
+                e = ends.get(r["graph"])
+                c = _latest(e, "graph", int(r["t_ns"])) if e is not None else None
+                if c is not None and pd.notna(c["capture_id"]) and int(c["capture_id"]) in by_cap:
+                    got.append(by_cap[int(c["capture_id"])])
+                got.append(node_rows(r["graph"], int(r["t_ns"])))
+        got.append(node_rows(exec_, t))
+        got = [x for x in got if len(x)]
+        return np.sort(np.concatenate(got)) if got else None
+    return rows
 
 
 def executed(launches: pd.DataFrame, graphs: pd.DataFrame) -> Executed:
@@ -120,25 +156,17 @@ def executed(launches: pd.DataFrame, graphs: pd.DataFrame) -> Executed:
                            "t_ns": launches["t_ns"].to_numpy()[eager], "replay": -1, "exec": ""})]
     replays = pd.DataFrame(columns=["replay", "exec", "t_ns", "kernels"])
     if len(graphs):
-        members = _graph_members(launches, graphs)
-        exec_of: dict[str, np.ndarray] = {}
-        inst = graphs[graphs["event"] == "instantiate"]
-        for g, x in zip(inst["graph"], inst["exec"]):
-            if isinstance(x, str) and g in members:
-                exec_of[x] = members[g]
-        for x, rows in list(members.items()):  # kernel nodes added to an exec directly
-            exec_of.setdefault(x, rows)
+        rows_of = _exec_rows(launches, graphs)
         gl = graphs[(graphs["event"] == "launch") & graphs["exec"].notna() & graphs["t_ns"].notna()]
         gl = gl.sort_values("t_ns", kind="stable").reset_index(drop=True)
         unknown = 0
         rec = []
         for k, (x, t) in enumerate(zip(gl["exec"], gl["t_ns"])):
-            rows = exec_of.get(x)
+            rows = rows_of(x, int(t))
             if rows is None:
                 unknown += 1
                 rec.append((k, x, int(t), 0))
                 continue
-            rows = np.sort(rows)
             parts.append(pd.DataFrame({"row": rows, "seq": launches["seq"].to_numpy()[rows],
                                        "t_ns": int(t), "replay": k, "exec": x}))
             rec.append((k, x, int(t), len(rows)))
