@@ -157,23 +157,24 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
             if len(np.unique(vals[:, k])) < 2 or (vals[:, k] < 1).any():
                 continue
             tokens = pd.Series(vals[:, k], index=fwds).sort_index()
-            if among is not None and tokens[tokens.index.isin(among)].nunique() < 2:
-                continue   # constant over the requests: it counts something else
+            # constant over the requests: it counts something else (ranked last, still listed)
+            flat = among is not None and tokens[tokens.index.isin(among)].nunique() < 2
             fails, _ = _score(samples, tokens)
             cands.append({"symbol": r["symbol"], "axis": ax, "failures": fails,
                           "distinct": int(tokens.nunique()),
                           "dropped": int(n_forwards - len(tokens)) if among is None else
                           int(len(among - set(tokens.index.tolist()))), "max": int(tokens.max()),
-                          "tokens": tokens})
+                          "tokens": tokens, "flat": flat})
     if not cands:
         return Reference(None, None, pd.Series(dtype="int64"), [])
     # "runs exactly once per forward": a kernel missing from more than a tenth of the forwards
     # (one that only runs when a request starts, say) scores few failures only because the
     # forwards it misses are left out of the fits; it loses to any kernel that covers them
     n_cov = n_forwards if among is None else len(among)
-    cands.sort(key=lambda c: (c["dropped"] > n_cov // 10, c["failures"], -c["distinct"], c["dropped"], c["max"]))
+    cands.sort(key=lambda c: (c["flat"], c["dropped"] > n_cov // 10, c["failures"], -c["distinct"],
+                              c["dropped"], c["max"]))
     best = cands[0]
-    public = [{k: v for k, v in c.items() if k != "tokens"} for c in cands]
+    public = [{k: v for k, v in c.items() if k not in ("tokens", "flat")} for c in cands]
     return Reference(best["symbol"], best["axis"], best["tokens"], public)
 
 
