@@ -47,6 +47,54 @@ def render(e: Expr) -> str:
     raise ValueError(f"unknown expression kind {kind!r}")
 
 
+def parse(text: str) -> Expr:
+    """The expression `render` wrote (the closed set; piecewise is not read back): a reader of
+    the analysis contract evaluates fitted expressions with `evaluate(parse(expr), env)`."""
+    pos = 0
+    s = text.replace(" ", "")
+
+    def term() -> Expr:
+        nonlocal pos
+        for kind in ("ceil_div", "mul", "add"):
+            if s.startswith(kind + "(", pos):
+                pos += len(kind) + 1
+                a = term()
+                expect(",")
+                b = term() if kind == "add" else ("const", number())
+                expect(")")
+                return (kind, a, b if kind == "add" else b[1])
+        if pos < len(s) and (s[pos].isdigit() or s[pos] == "-"):
+            return ("const", number())
+        start = pos
+        while pos < len(s) and (s[pos].isalnum() or s[pos] == "_"):
+            pos += 1
+        if start == pos:
+            raise ValueError(f"{text!r}: expected an expression at offset {start}")
+        return ("var", s[start:pos])
+
+    def number() -> int:
+        nonlocal pos
+        start = pos
+        if pos < len(s) and s[pos] == "-":
+            pos += 1
+        while pos < len(s) and s[pos].isdigit():
+            pos += 1
+        if start == pos or s[start:pos] == "-":
+            raise ValueError(f"{text!r}: expected a number at offset {start}")
+        return int(s[start:pos])
+
+    def expect(ch: str) -> None:
+        nonlocal pos
+        if not s.startswith(ch, pos):
+            raise ValueError(f"{text!r}: expected {ch!r} at offset {pos}")
+        pos += 1
+
+    e = term()
+    if pos != len(s):
+        raise ValueError(f"{text!r}: unexpected text at offset {pos}")
+    return e
+
+
 def evaluate(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
     """Value of `e` for every row of `env` (int64 arrays of equal length)."""
     kind = e[0]

@@ -102,7 +102,8 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     t = E["t_ns"].to_numpy()
     gap_ns = int(gap_ms * 1e6) if gap_ms is not None else gap_threshold(t)
     window = split_windows(t, gap_ns)
-    blocks = steps.find_blocks(codes, window)
+    sym_of_code = launches["symbol"].astype(str).to_numpy()[np.unique(codes_all, return_index=True)[1]]
+    blocks = steps.find_blocks(codes, window, sym_of_code)
     captures = _captures(launches, graphs)
     n = len(E)
     if len(blocks.stacks) == 0:

@@ -107,6 +107,7 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
 
 
 REQUEST_FLOOR_NS = 2_000_000
+SHARED = 0.3     # share of a block's kernel names another shape of the same layers has in common
 SEAM = 2         # launches two kinds of layer may have between them and still be one stack
 SIMILAR = 0.6    # share of positions a block at a stack's edge must match to count as a layer
 
@@ -144,8 +145,9 @@ def _seams(runs: np.ndarray) -> np.ndarray:
     return out[out[:, 1] - out[:, 0] >= out[:, 3]]
 
 
-def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
-    """Layer block kinds and stacks of the executed stream `codes` (kernel identity codes).
+def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None = None) -> Blocks:
+    """Layer block kinds and stacks of the executed stream `codes` (kernel identity codes;
+    `names[code]` the kernel's name, which other builds of it share).
 
     Kinds are taken one at a time: the primitive period covering the most launches not yet
     taken (`_primitive`); the first is the main block. A further kind must either touch taken
@@ -173,6 +175,8 @@ def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
     chosen = {main: cands[main]}
     taken = _mask(n, cands[main])
     mean_main = cov[main] / len(cands[main])
+    names = np.arange(codes.max() + 1) if names is None else np.asarray(names)
+    main_names = set(names[codes[cands[main][0, 0]:cands[main][0, 0] + main]].tolist())
     while True:
         slack = max(min(chosen) // 2, 2)
         grown = np.concatenate([[0], np.cumsum(taken)])
@@ -189,7 +193,12 @@ def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
             lo = np.clip(r[:, 0] - slack, 0, n)
             hi = np.clip(r[:, 1] + slack, 0, n)
             touch = (grown[hi] - grown[lo]) > 0
-            similar = (r[:, 1] - r[:, 0]) >= 0.5 * mean_main
+            # the same layers in forwards of another shape share kernels (by name) with the
+            # kinds found so far (norms, cache writes, fused elementwise; GEMM kernels differ
+            # with the shape); a sampler's repeated block shares none
+            shared = len(set(names[codes[r[0, 0]:r[0, 0] + p]].tolist()) & main_names) \
+                / len(set(names[codes[r[0, 0]:r[0, 0] + p]].tolist()))
+            similar = ((r[:, 1] - r[:, 0]) >= 0.5 * mean_main) & (shared >= SHARED)
             # a stack as long as the main ones counts even alone (the one forward of its shape);
             # short runs touching a stack only when they recur
             r = r[similar | (touch & (touch.sum() >= 0.1 * len(cands[main])))]
@@ -201,6 +210,7 @@ def find_blocks(codes: np.ndarray, window: np.ndarray) -> Blocks:
         p = _primitive(left, lcov, n, list(left))
         chosen[p] = left[p]
         taken |= _mask(n, left[p])
+        main_names |= set(names[codes[left[p][0, 0]:left[p][0, 0] + p]].tolist())
     runs = np.concatenate([np.column_stack([r, np.full(len(r), p)]) for p, r in chosen.items()])
     runs = runs[np.argsort(runs[:, 0], kind="stable")]
     runs = _seams(_extend(codes, runs))
