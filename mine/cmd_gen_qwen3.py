@@ -1,6 +1,9 @@
 """`mine gen qwen3`: a vLLM Qwen3 capture to a verified kern manifest, its kernels and bindings.
 
-Reads the dump with `mining.load`, mines and checks it (`generators.qwen3.mined`), writes
+Reads the dump with `mining.load` and its analysis (the contract of `mining/contract.py`: from
+`--analysis FILE`, as `mine analyze --json` wrote it, or computed here), mines and checks it
+(`generators.qwen3.mined`, which takes the analysis' forwards and checks its layer structure
+against the config), writes
 OUT/qwen3.json (verified with `manifests.verify`; a rejection is a generator bug reported as one
 sentence), OUT/qwen3-bindings.safetensors (rope cos/sin, kv scale), and OUT/kernels/ (the dumped
 vLLM cubins by sha256, this repository's own kernels built with nvcc and checked against their
@@ -27,15 +30,38 @@ class RejectedManifest(ValueError):
     """The generated manifest failed verification or the ABI check (one sentence)."""
 
 
-def build_manifest(dump_path: Path, config: Path, kernels: Path, chunk: int, pid: Optional[int] = None):
+def read_analysis(path: Path):
+    """The analysis contract in `path` (`mine analyze --json`); one sentence when it cannot be read."""
+    import json
+
+    from mining.contract import from_json
+
+    try:
+        obj = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return from_json(obj)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def build_manifest(dump_path: Path, config: Path, kernels: Path, chunk: int, pid: Optional[int] = None,
+                   analysis: Optional[Path] = None):
     from generators.qwen3 import build, config as qconfig, mined
     from manifests.kernels import load_kernels
     from manifests.verify import verify
+    from mining.analyze import analyze, document
     from mining.load import load_dump
 
     cfg = qconfig.load(config)
+    doc = read_analysis(analysis) if analysis is not None else None
     dump = load_dump(dump_path, pid=pid)
-    mm = mined.mine(dump, cfg)
+    if doc is None:
+        doc = document(analyze(dump))
+    mm = mined.mine(dump, cfg, doc)
     table = load_kernels(kernels)
     own = {k: (mod, table.op_launch(mod, e), table.module_ref(mod)) for k, (mod, e) in OWN.items()}
     m = build.generate(cfg, mm, own, chunk=chunk, label=dump.source.parent.name)
@@ -81,11 +107,14 @@ def qwen3(
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
     kernels: Path = typer.Option(ROOT / "kernels.toml", show_default="kernels.toml of this repository",
                                  help="kernels.toml with the own kernels' pins."),
+    analysis: Optional[Path] = typer.Option(None, "--analysis",
+                                            help="The capture's analysis (`mine analyze --json`); computed when omitted."),
 ) -> None:
     """Generate the Qwen3 kern manifest from a vLLM capture.
 
     Example:
       mine gen qwen3 --dump tests/fixtures/vllm --config examples/vllm_qwen3/reference/config.json --out manifests/qwen3/
+      mine analyze D --json a.json && mine gen qwen3 --dump D --analysis a.json --config config.json --out out/
     """
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
@@ -93,7 +122,7 @@ def qwen3(
 
     if chunk < 1:
         raise ValueError(f"--chunk must be at least 1, got {chunk}")
-    cfg, mm, table, m = build_manifest(dump, config, kernels, chunk, pid)
+    cfg, mm, table, m = build_manifest(dump, config, kernels, chunk, pid, analysis)
     if weights is not None:
         files = sorted(Path(weights).glob("*.safetensors"))
         if not files:

@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 
 import dataclasses
-import typing
 
 from mining import contract as C
 from mining import fit as F
@@ -235,7 +234,7 @@ def _plain(v):
 
 def _typed(cls, name: str, v):
     """v as the contract field wants it: an integral float into an int field becomes an int."""
-    hint = typing.get_type_hints(cls)[name]
+    hint = C.field_types(cls)[name]
     if isinstance(v, float) and (hint is int or hint == (int | None)) and v.is_integer():
         return int(v)
     return v

@@ -258,7 +258,8 @@ def _dump(v):
 _HINTS: dict[type, dict] = {}
 
 
-def _hints(cls) -> dict:
+def field_types(cls) -> dict:
+    """A contract dataclass's resolved field types (cached: resolving them is slow)."""
     if cls not in _HINTS:
         _HINTS[cls] = typing.get_type_hints(cls)
     return _HINTS[cls]
@@ -268,7 +269,7 @@ def _load(tp, v, path: str):
     if dataclasses.is_dataclass(tp):
         if not isinstance(v, dict):
             raise AnalysisError(f"{path}: expected an object, got {type(v).__name__}")
-        hints = _hints(tp)
+        hints = field_types(tp)
         names = [f.name for f in dataclasses.fields(tp)]
         unknown = sorted(set(v) - set(names))
         if unknown:

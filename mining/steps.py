@@ -14,8 +14,10 @@ eager launches plus graph replays expanded), with kernels identified by (symbol,
    (at least half) and do not overlap the main runs are further block kinds (a dense block
    before MoE blocks, say). Forward-sized repeats (consecutive identical decode steps) recur
    once per request and contain the main runs, so they never qualify. It is a layer structure
-   only when some stretch between request gaps holds two or more runs (else: no repeating step
-   was found, and that is what the analysis says);
+   when some stretch between request gaps holds two or more runs, or when three or more runs
+   mostly hold the same number of blocks (a layer count is constant; the decode stretches of a
+   one-layer model vary with the requests); else no repeating step was found, and the analysis
+   says so;
 2. stacks: runs of any block kind that touch (gap ≤ half the shortest period) merge into one
    stack; every stack is one forward's layer section;
 3. cuts: between two consecutive stacks lie the tail of the first forward and the head of the
@@ -168,10 +170,13 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
     cov = {p: _coverage(r) for p, r in cands.items()}
     main = _primitive(cands, cov, n, list(cands))
     per_win = pd.Series(window[cands[main][:, 0]]).value_counts()
-    if per_win.max() < 2:
+    reps = (cands[main][:, 1] - cands[main][:, 0]) // main
+    steady = len(reps) >= 3 and (reps == pd.Series(reps).mode().iloc[0]).mean() >= 0.75
+    if per_win.max() < 2 and not steady:
         return Blocks([], np.zeros((0, 2), np.int64),
                       notes=[f"no layer structure: the repeated block that covers the most launches "
-                       f"({main} kernels) occurs at most once between request gaps"])
+                       f"({main} kernels) occurs at most once between request gaps, with a varying "
+                       f"number of repeats"])
     chosen = {main: cands[main]}
     taken = _mask(n, cands[main])
     mean_main = cov[main] / len(cands[main])

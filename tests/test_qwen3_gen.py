@@ -63,8 +63,10 @@ def test_kern_llm_accepts(sim, tmp_path):
 
 
 def test_scalars_follow_tokens(sim, cfg):
+    from mining.analyze import analyze, document
     from mining.load import load_dump
-    mm = mined.mine(load_dump(sim, cache=False), cfg)
+    d = load_dump(sim, cache=False)
+    mm = mined.mine(d, cfg, document(analyze(d)))
     q = mm.instances[("p", "q_norm")][0]
     assert q.scalars[10] == ("affine", "i32", cfg.heads, 0)
     assert mm.instances[("d", "q_norm")][0].scalars[10] == ("const", "i32", cfg.heads)

@@ -1,7 +1,7 @@
 """Read a vLLM Qwen3 capture: the forwards, every call site's kernel instance, and the wiring check.
 
-`mine(dump, cfg)` takes the forward passes `mining.passes` finds (so forward numbers match
-`mine analyze`), walks each one's launches that belong to the model's layers (families in
+`mine(dump, cfg, analysis)` takes the forward passes of the analysis contract (`mining.contract`:
+the forwards `mine analyze` reports, by the launch records each one ran), walks each one's launches that belong to the model's layers (families in
 `kernels.py`; GEMMs, ATen and sampling kernels are skipped) through the Qwen3 structure (input
 norm, per layer: norm, q/k head norms, rope, cache write, attention [+ reduce], norm, silu; final
 norm), and returns per (phase, role) the one kernel instance it launches and how each scalar
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
-from mining.passes import split_passes
+from mining.contract import AnalysisDoc
 
 
 class WiringMismatch(ValueError):
@@ -460,11 +460,39 @@ def _check_stable(fwds: list[list[Launch]]) -> None:
 
 
 # ------------------------------------------------------------------ entry point
-def mine(dump, cfg) -> Mined:
-    """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`)."""
+def forward_map(doc: AnalysisDoc) -> dict[int, int]:
+    """launch seq -> forward of the analysis, over the forwards that ran eagerly (a graph-replayed
+    forward re-runs records captured once; this generator binds eager launches)."""
+    out: dict[int, int] = {}
+    for f in doc.passes.forwards:
+        if f.replayed:
+            continue
+        for first, n in f.seqs:
+            for s in range(first, first + n):
+                out[s] = f.forward
+    return out
+
+
+def check_analysis(doc: AnalysisDoc, dump, cfg) -> None:
+    """The analysis is of this capture, and its layer structure is the config's: one sentence
+    naming what disagrees."""
+    if doc.source.launches != len(dump.launches) or doc.source.launches_file != dump.source.name:
+        raise WiringMismatch(f"the analysis was made from another capture ({doc.source.launches} launches in "
+                             f"{doc.source.launches_file}; {dump.source} holds {len(dump.launches)})")
+    if doc.layers.layers != cfg.layers:
+        raise WiringMismatch(f"the analysis finds {doc.layers.layers} layers per forward "
+                             f"(pattern {doc.layers.pattern or 'none'}); the config has {cfg.layers}")
+    bad = [f for f in doc.serve_forwards() if f.layers != cfg.layers]
+    if bad:
+        raise WiringMismatch(f"forward {bad[0].forward} of the analysis has {bad[0].layers} layers "
+                             f"(pattern {bad[0].pattern}); the config has {cfg.layers}")
+
+
+def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
+    """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`) and its analysis."""
+    check_analysis(doc, dump, cfg)
     tagged = _launches(dump)
-    passes = split_passes(dump.launches)
-    forward_of = dict(zip(dump.launches["seq"].to_numpy().tolist(), passes.forward.tolist()))
+    forward_of = forward_map(doc)
     fwds, skipped = forwards(tagged, forward_of, cfg)
     result = []
     for fwd in fwds:
