@@ -14,14 +14,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${MINE_SUITE_WORK:-/tmp/mine-suite}
 mkdir -p "$work"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-# name | checkpoint flags | run_suite flags
-suite=(
-  "q2e|--layers 2 --hidden 768 --heads 12 --kv-heads 12 --head-dim 64 --inter 2048 --vocab 32000|--lengths 7,40 --new 5 --seed 11"
-  "q4e|--layers 4 --hidden 4096 --heads 32 --kv-heads 8 --head-dim 128 --inter 12288 --untied|--lengths 3,50,130 --new 6 --seed 12"
-  "q36e|--layers 36 --hidden 512 --heads 8 --kv-heads 2 --head-dim 64 --inter 1536 --vocab 16384|--lengths 11,90,260,17 --new 4 --seed 13"
-  "q12e|--layers 12 --hidden 1536 --heads 12 --kv-heads 4 --head-dim 128 --inter 4096 --untied|--lengths 3,50,130,300 --new 8 --seed 14"
-  "q3d|--layers 3 --hidden 1024 --heads 16 --kv-heads 8 --head-dim 128 --inter 3072 --vocab 32000|--lengths 5,60,200 --new 6 --seed 15 --mode default"
-)
+mapfile -t suite < <(grep -v '^#' "$here/truth_suite/suite.txt")   # name|checkpoint flags|run flags
 want=" $* "
 for row in "${suite[@]}"; do
   IFS='|' read -r name ckpt runf <<<"$row"
