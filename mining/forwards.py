@@ -103,9 +103,19 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     gap_ns = int(gap_ms * 1e6) if gap_ms is not None else gap_threshold(t)
     window = split_windows(t, gap_ns)
     sym_of_code = launches["symbol"].astype(str).to_numpy()[np.unique(codes_all, return_index=True)[1]]
-    blocks = steps.find_blocks(codes, window, sym_of_code)
+    blocks = steps.find_blocks(codes, window, sym_of_code, t)
     captures = _captures(launches, graphs)
     n = len(E)
+    anchored = None
+    if len(blocks.stacks) == 0:
+        anchored = steps.step_anchors(codes, sym_of_code, blocks)
+    if anchored is not None:
+        notes += blocks.notes
+        stacks, anchor = anchored
+        notes.append(f"one layer: every forward anchored on `{anchor}`, which runs once per step")
+        blocks = steps.Blocks([{"period": 1, "runs": int(len(stacks)), "reps": 1,
+                                "example": [int(codes[stacks[0, 0]])]}], stacks,
+                              np.column_stack([stacks, stacks[:, 1], np.ones(len(stacks), np.int64)]))
     if len(blocks.stacks) == 0:
         notes += blocks.notes
         notes.append("forwards split by the core-kernel rule (no layer stacks to anchor on)")

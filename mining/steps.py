@@ -56,6 +56,7 @@ class Blocks:
     kinds: list[dict]                 # period, runs, reps (modal), example (codes of one block)
     stacks: np.ndarray                # [n, 2] start, end of each merged layer stack
     runs: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))  # start, end, stretch end, period
+    steps: dict = field(default_factory=dict)   # period -> runs, of blocks that are whole steps
     notes: list[str] = field(default_factory=list)
 
 
@@ -109,6 +110,9 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
 
 
 REQUEST_FLOOR_NS = 2_000_000
+STEP_GAP_NS = 200_000     # a host gap in a block at least this long and
+STEP_RATIO = 8            # this many times the block's median gap, at one place in most blocks: a step
+MIN_STACK_SHARE = 0.25    # share of the launches a layer stack covers between the first and last
 SHARED = 0.3     # share of a block's kernel names another shape of the same layers has in common
 SEAM = 2         # launches two kinds of layer may have between them and still be one stack
 SIMILAR = 0.6    # share of positions a block at a stack's edge must match to count as a layer
@@ -147,7 +151,54 @@ def _seams(runs: np.ndarray) -> np.ndarray:
     return out[out[:, 1] - out[:, 0] >= out[:, 3]]
 
 
-def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None = None) -> Blocks:
+def _holds_step(t_ns: np.ndarray | None, runs: np.ndarray, p: int) -> bool:
+    """Do the blocks of period p hold a host step boundary: in most blocks one host gap well
+    above the block's others (STEP_RATIO times its median, at least STEP_GAP_NS), at the same
+    offset within each run. Layers run back to back inside a step; a block that waits on the
+    host at a fixed place is a whole step (a one-layer model's decode steps, repeating)."""
+    if t_ns is None:
+        return False
+    hits, blocks = 0, 0
+    for a, b in runs[:, :2]:
+        offs = []
+        for lo in range(int(a), int(b) - p + 1, p):
+            blocks += 1
+            dt = np.diff(t_ns[lo:lo + p + 1])      # p gaps: the one after the block's last too
+            top = dt.max() if len(dt) else 0
+            if top > STEP_GAP_NS and top > STEP_RATIO * max(np.median(dt), 1.0):
+                offs.append(int(np.argmax(dt)))
+        if offs:
+            hits += int(pd.Series(offs).value_counts().iloc[0])
+    return bool(blocks and hits >= 0.75 * blocks)
+
+
+def _front_layers(codes: np.ndarray, names: np.ndarray, stacks: np.ndarray, kinds: dict,
+                  known: set) -> list:
+    """A single layer of another kind before the stacks (one dense layer before MoE layers): the
+    launches right before a stack that are all kernels the layer kinds use (by name), back to the
+    first one that is not (the head: embedding, input staging), when there are enough of them for a
+    layer (MIN_DISTINCT kernels, half the shortest block) and the same sequence stands before at
+    least half the stacks. Returns (start, end) per stack (None where none), or [] when no such
+    layer exists."""
+    out, seqs = [], []
+    longest = max(kinds)
+    for a, _ in stacks:
+        j = int(a)
+        while j > 0 and int(a) - j < longest and names[codes[j - 1]] in known:
+            j -= 1
+        seg = tuple(names[codes[j:a]].tolist())
+        ok = len(set(seg)) >= MIN_DISTINCT and len(seg) >= min(kinds) // 2 and int(a) - j < longest
+        out.append((j, int(a)) if ok else None)
+        seqs.append(seg if ok else None)
+    common = pd.Series([x for x in seqs if x is not None], dtype=object).value_counts()
+    if common.empty or common.iloc[0] < 0.5 * len(stacks):
+        return []
+    want = common.index[0]
+    return [x if x is not None and seqs[k] == want else None for k, x in enumerate(out)]
+
+
+def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None = None,
+                t_ns: np.ndarray | None = None) -> Blocks:
     """Layer block kinds and stacks of the executed stream `codes` (kernel identity codes;
     `names[code]` the kernel's name, which other builds of it share).
 
@@ -168,7 +219,22 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
     if not cands:
         return Blocks([], np.zeros((0, 2), np.int64), notes=["no block of kernels repeats back to back"])
     cov = {p: _coverage(r) for p, r in cands.items()}
-    main = _primitive(cands, cov, n, list(cands))
+    stepped: list[int] = []
+    step_runs: dict = {}
+    while True:
+        main = _primitive(cands, cov, n, list(cands))
+        if not _holds_step(t_ns, cands[main], main):
+            break
+        stepped.append(main)
+        step_runs[main] = cands[main]
+        for q in [q for q in cands if q % main == 0]:   # several steps repeat as well
+            del cands[q]
+            cov.pop(q, None)
+        if not cands:
+            return Blocks([], np.zeros((0, 2), np.int64), steps=step_runs,
+                          notes=[f"no layer structure: the blocks that repeat ({', '.join(map(str, stepped))} "
+                                 f"kernels) each wait on the host at one place: whole steps repeating, "
+                                 f"not layers"])
     per_win = pd.Series(window[cands[main][:, 0]]).value_counts()
     reps = (cands[main][:, 1] - cands[main][:, 0]) // main
     steady = len(reps) >= 3 and (reps == pd.Series(reps).mode().iloc[0]).mean() >= 0.75
@@ -230,6 +296,26 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
         else:
             stacks.append([int(a), int(b)])
         last_kind = p
+    stacks_a = np.array(stacks, np.int64).reshape(-1, 2)
+    # a layer stack is most of a step: short repeats (a sampler's) that recur once per step
+    # but cover little of it are no layers
+    span = int(stacks_a[-1, 1] - stacks_a[0, 0]) if len(stacks_a) else 0
+    if len(stacks_a) and (stacks_a[:, 1] - stacks_a[:, 0]).sum() < MIN_STACK_SHARE * span:
+        return Blocks([], np.zeros((0, 2), np.int64), steps=step_runs,
+                      notes=[f"no layer structure: the repeated blocks ({', '.join(map(str, chosen))} kernels) "
+                             f"cover under {MIN_STACK_SHARE:.0%} of the launches between the first and the last"])
+    front = _front_layers(codes, names, stacks_a, chosen, main_names)
+    if front:
+        extra = [(j, a, a, a - j) for x in front if x is not None for j, a in [x]]
+        for j, a, _, q in extra:
+            chosen.setdefault(q, np.zeros((0, 3), np.int64))
+            chosen[q] = np.concatenate([chosen[q], [[j, a, a]]])
+        runs = np.concatenate([runs, np.array(extra, np.int64).reshape(-1, 4)])
+        runs = runs[np.argsort(runs[:, 0], kind="stable")]
+        for k, x in enumerate(front):
+            if x is not None:
+                stacks_a[k, 0] = x[0]
+        stacks = stacks_a.tolist()
     info = []
     for p, r in chosen.items():
         reps = pd.Series((r[:, 1] - r[:, 0]) // p).mode()
@@ -397,3 +483,27 @@ def layer_map(n: int, blocks: Blocks, cuts: Cuts) -> tuple[np.ndarray, np.ndarra
 def kind_names(patterns: list[list[int]], kinds: list[dict]) -> dict[int, str]:
     """Block kinds named A, B, ... in order of the main block first."""
     return {k["period"]: chr(ord("A") + i) for i, k in enumerate(kinds)}
+
+
+def step_anchors(codes: np.ndarray, names: np.ndarray, blocks: Blocks) -> tuple[np.ndarray, str] | None:
+    """One-layer models: stacks of one launch each, at a kernel that runs once per step.
+
+    When the only repeats are whole steps (`Blocks.steps`), the step's own kernels show which run
+    once per step; of those, the kernel (by name) launched most often in the whole stream anchors
+    every forward (it runs in prefill and start-up passes too, where a decode-only kernel would
+    leave those forwards out). Returns ([n, 2] one-launch stacks, its name), None without such a
+    kernel."""
+    if not blocks.steps:
+        return None
+    p = min(blocks.steps)
+    a = int(blocks.steps[p][0, 0])
+    block = names[codes[a:a + p]]
+    uniq, cnt = np.unique(block, return_counts=True)
+    once = set(uniq[cnt == 1].tolist())
+    if not once:
+        return None
+    stream = names[codes]
+    total = {k: int((stream == k).sum()) for k in once}
+    best = max(sorted(total), key=lambda k: total[k])
+    pos = np.flatnonzero(stream == best)
+    return np.column_stack([pos, pos + 1]).astype(np.int64), str(best)

@@ -11,6 +11,7 @@ runs=(
   "tri_mixed|--layers 2,3 --prompts 5,23,77 --decode 5 --graph-decode 3"
   "tri_dense|--layers 6,0 --prompts 9,130 --decode 7 --graph-decode 0 --profile 1024 --warmups 128,16,1 --hidden 128 --inter 256 --vocab 2048"
   "tri_gated|--layers 0,9 --prompts 40,3,61,12 --decode 2 --graph-decode 2 --profile 256 --warmups 1 --hidden 512 --inter 1024"
+  "tri_more|--layers 1,4 --prompts 17,2,45 --decode 4 --graph-decode 2 --hidden 256 --inter 1024 --vocab 1024 --profile 300 --warmups 32,4"
 )
 for row in "${runs[@]}"; do
   IFS='|' read -r name flags <<<"$row"
