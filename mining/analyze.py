@@ -127,7 +127,7 @@ def _fit_table(dump: Dump, sites: S.Sites, fitter: _Fitter) -> pd.DataFrame:
         fw = kept["forward"].to_numpy()[pos]
         for k, col in enumerate(SHAPE_COLS):
             rows.append({"site": site, "field": col, **fitter(fw, shape[pos, k])})
-    prm = dump.params[~dump.params["word"]]
+    prm = dump.params.loc[~dump.params["word"], ["seq", "i", "size", "value", "is_ptr"]]
     scal = prm.merge(kept[["seq", "forward", "site"]], on="seq", how="inner")
     anyptr = scal.groupby(["site", "i"], observed=True)["is_ptr"].transform("any")
     scal = scal[~anyptr & (scal["size"] <= 8)]

@@ -182,5 +182,5 @@ def executed(launches: pd.DataFrame, graphs: pd.DataFrame) -> Executed:
     frame["_k"] = np.arange(len(frame))
     frame = frame.sort_values(["t_ns", "replay", "_k"], kind="stable").drop(columns="_k")
     frame = frame.reset_index(drop=True).astype({"row": "int64", "seq": "int64", "t_ns": "int64",
-                                                 "replay": "int32"})
+                                                 "replay": "int32", "exec": "category"})
     return Executed(frame, captured, replays, notes)

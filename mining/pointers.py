@@ -33,7 +33,9 @@ KV_REGION = 1 << 20
 def pointer_words(params: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """Params of kept launches with at least one pointer sample, joined with site and forward."""
     kept = table.loc[table["kept"], ["seq", "forward", "site", "symbol"]]
-    p = params.merge(kept, on="seq", how="inner")
+    # only the columns classified: the merge is as long as params (several rows per launch)
+    cols = ["seq", "i", "at", "is_ptr", "value", "buffer_id", "alloc_base", "alloc_size", "ptr_off"]
+    p = params[cols].merge(kept, on="seq", how="inner")
     anyptr = p.groupby(["site", "i", "at"], observed=True)["is_ptr"].transform("any")
     return p[anyptr]
 

@@ -89,6 +89,9 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
     }).reset_index()
     partial = partial[partial["forwards_kept"] < partial["forwards_present"]].reset_index(drop=True)
     t["site"] = t["site"].astype("category")
+    # a million launches of a few hundred kernels: interned, not a string per row
+    t["symbol"] = t["symbol"].astype("category")
+    t["kernel"] = t["kernel"].astype("category")
     return Sites(t, idx, partial)
 
 
