@@ -16,8 +16,14 @@ This simulator plants that structure on purpose, so tests can check every plante
   launches of forward f+1;
 - a u64 seed that sometimes lands inside an allocation (captured as a pointer in a few forwards).
 
-Written for this project; nothing here reproduces an engine's code. Not simulated: graphs,
-tensor maps, multi-stream interleaving.
+With `graph_decode`, decode steps run as CUDA-graph replays, as an engine in graph mode runs them:
+after the warm-ups one decode forward is stream-captured (its launches carry `graph.capture_id`),
+instantiated, destroyed, captured again and instantiated at the *same exec address* (drivers
+reuse handles); every decode step is then a graphs.jsonl `launch` of that exec and no launch
+records. Truth.replayed says which forwards were replays.
+
+Written for this project; nothing here reproduces an engine's code. Not simulated: tensor maps,
+multi-stream interleaving.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class SimConfig:
     seed: int = 7
     extra_pid: bool = True         # also write a small second process
     layout_none_gemm: bool = True
+    graph_decode: bool = False     # decode steps as CUDA-graph replays (module docstring)
 
 
 @dataclass
@@ -68,6 +75,7 @@ class Truth:
     sites_per_layer_decode: int = 13
     weight_stride: int = LAYER_STRIDE
     kv_layer_stride: int = 2 * KV_HALF
+    replayed: list[bool] = field(default_factory=list)   # per forward: run from a graph replay
 
 
 def _p(i: int, size: int, value: int = 0, ptr=None, raw: bytes | None = None, inner=None) -> dict:
@@ -177,7 +185,8 @@ class _Forward:
 
 
 def _record(seq: int, t_ns: int, launch, shas: dict) -> dict:
-    sym, grid, block, params, layout = launch
+    sym, grid, block, params, layout = launch[:5]
+    capture = launch[5] if len(launch) > 5 else None
     sha, mod = shas[sym]
     off = 0
     for prm in params:
@@ -188,7 +197,8 @@ def _record(seq: int, t_ns: int, launch, shas: dict) -> dict:
     rec = {
         "seq": seq, "t_ns": t_ns, "tid": 4242, "dev": 0, "ctx": "0x5555aaaa0000",
         "stream": "0x0", "api": "cuLaunchKernel" if layout != "none" else "cuLaunchKernelEx",
-        "result": 0, "graph": None, "handle": "function", "func": hex(0x6000 + mod),
+        "result": 0, "graph": None if capture is None else {"graph": capture[1], "capture_id": capture[0]},
+        "handle": "function", "func": hex(0x6000 + mod),
         "module": mod, "sha256": sha, "symbol": "_Z" + str(len(sym)) + sym + "v", "name": sym,
         "grid": grid, "block": block, "smem": 0, "launch_attrs": {},
         "attrs": {"regs": 32, "static_smem": 0, "local": 0, "const": 0, "max_threads": 1024,
@@ -200,7 +210,7 @@ def _record(seq: int, t_ns: int, launch, shas: dict) -> dict:
     return rec
 
 
-def _write_pid(folder: Path, pid: int, launches: list, times: list[int]) -> None:
+def _write_pid(folder: Path, pid: int, launches: list, times: list[int], graphs: list | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "cubins").mkdir(exist_ok=True)
     syms = sorted({x[0] for x in launches})
@@ -218,6 +228,9 @@ def _write_pid(folder: Path, pid: int, launches: list, times: list[int]) -> None
     with open(folder / "launches.jsonl", "w") as fh:
         for seq, (launch, t_ns) in enumerate(zip(launches, times)):
             fh.write(json.dumps(_record(seq, t_ns, launch, shas), separators=(",", ":")) + "\n")
+    if graphs:
+        with open(folder / "graphs.jsonl", "w") as fh:
+            fh.writelines(json.dumps(g) + "\n" for g in graphs)
     meta = {"format_version": 1, "pid": pid, "ppid": 1, "argv": ["python", "serve.py"],
             "start_ns": times[0] - 10**9, "start_unix_ns": 1_700_000_000 * 10**9,
             "driver_version": 13000, "cupti_version": 130000,
@@ -242,13 +255,50 @@ def simulate(out: Path, cfg: SimConfig | None = None) -> tuple[Path, Truth]:
     t = times[-1] + 10**9
     fidx = 0
     transitions = 0
-    for w in windows:
+    graphs: list = []
+    exec_ = "0xe0e0"
+    for w_i, w in enumerate(windows):
+        if cfg.graph_decode and w_i == 2:
+            # capture a decode forward twice; the second exec reuses the first's address
+            for cid, g in ((1, "0x9a01"), (2, "0x9a02")):
+                t += 2_000_000
+                graphs.append({"event": "capture_begin", "t_ns": t, "stream": "0x77", "capture_id": cid})
+                cap = _Forward(1, fidx, cfg, rng).build()
+                first = len(launches)
+                for launch in cap:
+                    t += 3000
+                    launches.append((*launch, (cid, g)))
+                    times.append(t)
+                graphs.append({"event": "capture_end", "t_ns": t + 10, "stream": "0x77", "graph": g,
+                               "capture_id": cid, "seq_first": first, "seq_last": len(launches) - 1,
+                               "nodes": len(cap)})
+                graphs.append({"event": "instantiate", "t_ns": t + 20, "graph": g, "exec": exec_})
+                if cid == 1:
+                    graphs.append({"event": "exec_destroy", "t_ns": t + 30, "exec": exec_})
+            t += 50_000_000
         truth.windows.append(len(w))
         prev_tail = None
         for j, tokens in enumerate(w):
+            if cfg.graph_decode and w_i >= 2 and j > 0:
+                # a decode step replayed: one graph launch, no launch records
+                fwd = _Forward(tokens, fidx, cfg, rng).build()
+                truth.forwards.append(tokens)
+                truth.launches_per_forward.append(len(fwd))
+                truth.replayed.append(True)
+                if prev_tail is not None:
+                    t += 4000
+                    launches.append(prev_tail)
+                    times.append(t)
+                    prev_tail = None
+                t += 5000
+                graphs.append({"event": "launch", "t_ns": t, "stream": "0x0", "exec": exec_})
+                t += rng.randrange(300_000, 1_700_000)
+                fidx += 1
+                continue
             fwd = _Forward(tokens, fidx, cfg, rng).build()
             truth.forwards.append(tokens)
             truth.launches_per_forward.append(len(fwd))
+            truth.replayed.append(False)
             if prev_tail is not None:
                 transitions += 1
                 if tokens == 1 and transitions % cfg.jitter_every == 0:
@@ -267,7 +317,7 @@ def simulate(out: Path, cfg: SimConfig | None = None) -> tuple[Path, Truth]:
             fidx += 1
         t += rng.randrange(50_000_000, 300_000_000)
     main = out / "pid4242"
-    _write_pid(main, 4242, launches, times)
+    _write_pid(main, 4242, launches, times, graphs)
     if cfg.extra_pid:
         small = [("init_fill_kernel", [1, 1, 1], [32, 1, 1], [_p(0, 4, 1)], "kernel")] * 3
         _write_pid(out / "pid4300", 4300, small, [5 * 10**9 + k * 1000 for k in range(3)])
