@@ -25,6 +25,10 @@ boundary), so:
 
 Windows holding no core launch are noise (`forward == -1`). Not handled: interleaved concurrent
 requests (bs > 1 windows still split, but by the same rule), graph replays.
+
+This is the fallback split: `mining/forwards.py` runs the step detector (`mining/steps.py`: layer
+stacks over the executed stream, graph replays included) and comes here only for captures
+without a layer structure, or when `per_forward` is forced (`mine analyze --per-forward`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,12 @@ def names(a) -> dict[str, str]:
 
 
 def forwards_table(a) -> pd.DataFrame:
-    """Per forward: window, launches, distinct kernels, tokens."""
+    """Per forward: window, phase, launches (replayed ones), distinct kernels, tokens, its layer
+    stack's pattern and what decided its start."""
     f = a.forwards
-    return f[["forward", "window", "n_launches", "n_kernels", "tokens", "first_seq", "last_seq"]]
+    cols = ["forward", "window", "phase", "n_launches", "replayed", "n_kernels", "tokens", "pattern",
+            "cut_by", "confidence", "first_seq", "last_seq"]
+    return f[[c for c in cols if c in f]]
 
 
 def top_kernels(a, n: int = 15) -> pd.DataFrame:
@@ -114,9 +117,18 @@ def render(a, console: Console | None = None) -> None:
     for n in a.notes:
         c.print(f"[yellow]note:[/] {n}")
     p = a.passes
-    c.print(f"windows: {len(set(p.window.tolist()))} (gap threshold {p.gap_ns / 1e6:.2f} ms); "
-            f"forwards: {len(p.forwards)}; core kernel {short(names(a).get(p.core, p.core))} "
-            f"x{p.per_forward} per forward")
+    f = a.forwards
+    serve = int((f["phase"] == "serve").sum()) if "phase" in f else len(f)
+    replays = int(p.executed["replay"].max() + 1) if p.executed is not None and len(p.executed) else 0
+    if p.method == "layer_stacks":
+        kinds = ", ".join(f"{b['kind']} = {b['period']} kernels" for b in p.blocks)
+        c.print(f"forwards: {len(f)} ({serve} serving, {len(f) - serve} start-up) in "
+                f"{f['window'].nunique()} request windows, found as layer stacks ({kinds}); "
+                f"{replays} graph replays expanded, {len(p.captures)} stream captures left out")
+    else:
+        c.print(f"windows: {len(set(p.window.tolist()))} (gap threshold {p.gap_ns / 1e6:.2f} ms); "
+                f"forwards: {len(f)}; core kernel {short(names(a).get(p.core, p.core))} "
+                f"x{p.per_forward} per forward")
     _table(c, "Forward passes", forwards_table(a))
     r = a.reference
     if r.symbol:
@@ -125,8 +137,9 @@ def render(a, console: Console | None = None) -> None:
                 f"hold-out tokens: {a.holdout_tokens}")
     if a.layers:
         m = max(a.layers, key=lambda b: b["forwards"])
-        c.print(f"layers: {m['layers']} x {m['sites_per_layer']} call sites "
-                f"(shapes: {', '.join(str(b['sites_per_layer']) for b in a.layers)})")
+        c.print(f"layers: {m['layers']} x {m['sites_per_layer']} call sites"
+                + (f", pattern {m['pattern']}" if m.get("pattern") else "")
+                + f" (shapes: {', '.join(str(b.get('pattern') or b['sites_per_layer']) for b in a.layers)})")
         _table(c, "Call sites of layer 0", layer_table(a))
     if not a.strides.empty:
         _table(c, "Per-layer address strides", a.strides)

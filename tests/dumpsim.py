@@ -279,12 +279,13 @@ def simulate(out: Path, cfg: SimConfig | None = None) -> tuple[Path, Truth]:
         truth.windows.append(len(w))
         prev_tail = None
         for j, tokens in enumerate(w):
-            if cfg.graph_decode and w_i >= 2 and j > 0:
+            replay = cfg.graph_decode and w_i >= 2 and j > 0
+            fwd = _Forward(tokens, fidx, cfg, rng).build()
+            truth.forwards.append(tokens)
+            truth.launches_per_forward.append(len(fwd))
+            truth.replayed.append(replay)
+            if replay:
                 # a decode step replayed: one graph launch, no launch records
-                fwd = _Forward(tokens, fidx, cfg, rng).build()
-                truth.forwards.append(tokens)
-                truth.launches_per_forward.append(len(fwd))
-                truth.replayed.append(True)
                 if prev_tail is not None:
                     t += 4000
                     launches.append(prev_tail)
@@ -295,10 +296,6 @@ def simulate(out: Path, cfg: SimConfig | None = None) -> tuple[Path, Truth]:
                 t += rng.randrange(300_000, 1_700_000)
                 fidx += 1
                 continue
-            fwd = _Forward(tokens, fidx, cfg, rng).build()
-            truth.forwards.append(tokens)
-            truth.launches_per_forward.append(len(fwd))
-            truth.replayed.append(False)
             if prev_tail is not None:
                 transitions += 1
                 if tokens == 1 and transitions % cfg.jitter_every == 0:

@@ -272,6 +272,12 @@ def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -
         calls[phase] = out
     m["programs"]["prefill"] = {"batch": {"groups": 1, "rows": "rows"}, "calls": calls["p"]}
     m["programs"]["decode"] = {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": calls["d"]}
+    # only what the programs call: a one-layer model's prefill only lands KV, so its norm-and-MLP
+    # ops are never called there (kern rejects ops no call uses, and modules no op launches)
+    used = {c["op"] for prog in calls.values() for c in prog}
+    m["ops"] = {k: v for k, v in m["ops"].items() if k in used}
+    launched = {ln["module"] for op in m["ops"].values() for ln in op["impl"]["launches"] if "module" in ln}
+    m["modules"] = {k: v for k, v in m["modules"].items() if k in launched}
     return m
 
 
