@@ -2,8 +2,9 @@
 
 Why: this is the one place that decides what a forward is. It runs `mining/steps.py` (layer
 stacks, cuts) over `mining/graphs.py`'s executed stream, so CUDA-graph replays count as the
-forwards they are and graph-capture launches as none; it falls back to `passes.split_passes`
-(the core-kernel split) only where no layer structure exists, and says so. Output is a `Passes`
+forwards they are and graph-capture launches as none; where neither a layer structure nor a one-layer step
+exists it finds no forward and says so (the core-kernel split of `passes.split_passes` runs only
+when asked for, `mine analyze --per-forward N`). Output is a `Passes`
 (mining/passes.py) whose per-launch arrays keep their old meaning (index = the dump's launches
 frame; a captured launch is in no forward, a replayed one is found in `executed`), plus:
 
@@ -117,19 +118,19 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
                                 "example": [int(codes[stacks[0, 0]])]}], stacks,
                               np.column_stack([stacks, stacks[:, 1], np.ones(len(stacks), np.int64)]))
     if len(blocks.stacks) == 0:
+        # no repeating step: say so, invent nothing (`mine analyze --per-forward N` still splits by
+        # the core-kernel rule when the user knows the step)
         notes += blocks.notes
-        notes.append("forwards split by the core-kernel rule (no layer stacks to anchor on)")
-        old = split_passes(launches, gap_ms=gap_ms)
-        notes += old.notes
-        fwd_e = old.forward[E["row"].to_numpy()]
-        fwd_e[E["replay"].to_numpy() >= 0] = -1
-        E = E.assign(kernel=codes, window=old.window[E["row"].to_numpy()], forward=fwd_e, layer=-1, pos=-1)
-        f = old.forwards.copy()
-        for c, v in (("replayed", 0), ("graph_execs", 0), ("layers", 0), ("pattern", ""),
-                     ("cut_by", "core_kernel"), ("confidence", np.nan), ("phase", "serve")):
-            f[c] = v
-        return Passes(old.window, old.forward, old.gap_ns, old.core, old.per_forward, f, notes, E,
-                      "core_kernel", [], captures)
+        notes.append("no repeating step found: no forwards (--per-forward N splits by the core-kernel rule)")
+        E = E.assign(kernel=codes, window=window, forward=-1, layer=-1, pos=-1)
+        f = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+            ("forward", "int32"), ("window", "int32"), ("n_launches", "int32"), ("n_kernels", "int32"),
+            ("first_seq", "int64"), ("last_seq", "int64"), ("start_ns", "int64"), ("end_ns", "int64"),
+            ("replayed", "int64"), ("graph_execs", "int64"), ("layers", "int64"), ("pattern", "object"),
+            ("cut_by", "object"), ("confidence", "float64"), ("phase", "object"))})
+        n_rows = len(launches)
+        return Passes(np.zeros(n_rows, np.int32), np.full(n_rows, -1, np.int32), gap_ns, "", 0, f, notes, E,
+                      "none", [], captures)
     # cuts match head and tail by kernel *name*: the first forwards of a window run other builds
     # of the same kernels (Triton specialises on sizes) than the steady decode cycle
     sym_codes = launches["symbol"].cat.codes.to_numpy().astype(np.int64)[E["row"].to_numpy()]
@@ -209,8 +210,9 @@ def tag_phases(forwards: pd.DataFrame, tokens: pd.Series, notes: list[str]) -> p
         if start is not None:
             break
     if start is None:
-        notes.append("no decode run (two forwards of equal tokens in a row) found: start-up passes "
-                     "cannot be told from requests, every forward counts as serving")
+        if len(f):
+            notes.append("no decode run (two forwards of equal tokens in a row) found: start-up passes "
+                         "cannot be told from requests, every forward counts as serving")
         f["phase"] = "serve"
     else:
         f["phase"] = np.where(f["forward"] < start, "startup", "serve")

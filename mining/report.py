@@ -125,6 +125,8 @@ def render(a, console: Console | None = None) -> None:
         c.print(f"forwards: {len(f)} ({serve} serving, {len(f) - serve} start-up) in "
                 f"{f['window'].nunique()} request windows, found as layer stacks ({kinds}); "
                 f"{replays} graph replays expanded, {len(p.captures)} stream captures left out")
+    elif p.method == "none":
+        c.print("forwards: none (no repeating step in the capture; see the notes)")
     else:
         c.print(f"windows: {len(set(p.window.tolist()))} (gap threshold {p.gap_ns / 1e6:.2f} ms); "
                 f"forwards: {len(f)}; core kernel {short(names(a).get(p.core, p.core))} "

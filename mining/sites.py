@@ -77,8 +77,9 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
     idx = kept.groupby("site").agg(symbol=("symbol", "first"), occ=("occ", "first"),
                                    n_forwards=("forward", "nunique"), first_seq=("seq", "min"),
                                    builds=("kernel", "nunique"))
-    order = kept.groupby("site")["forward"].min().rename("f0").to_frame().join(
-        kept.groupby("site").apply(lambda g: g.index.min(), include_groups=False).rename("r0"))
+    # sites in the order they first run: by their first forward, then position in it
+    first_row = pd.Series(kept.index.to_numpy(), index=kept["site"].to_numpy()).groupby(level=0).min()
+    order = pd.DataFrame({"f0": kept.groupby("site")["forward"].min(), "r0": first_row})
     idx = idx.join(order).sort_values(["f0", "r0"]).drop(columns=["f0", "r0"]).reset_index()
     idx["layer"], idx["pos"] = -1, -1
     g = counts.groupby("symbol")

@@ -16,8 +16,10 @@ eager launches plus graph replays expanded), with kernels identified by (symbol,
    once per request and contain the main runs, so they never qualify. It is a layer structure
    when some stretch between request gaps holds two or more runs, or when three or more runs
    mostly hold the same number of blocks (a layer count is constant; the decode stretches of a
-   one-layer model vary with the requests); else no repeating step was found, and the analysis
-   says so;
+   one-layer model vary with the requests), or when there is a single run (one forward); a
+   period whose blocks each wait on the host at one place is a whole step, never a layer
+   (`_holds_step`: a one-layer model's decode steps; `step_anchors` then anchors its forwards);
+   else no repeating step was found, and the analysis says so;
 2. stacks: runs of any block kind that touch (gap ≤ half the shortest period) merge into one
    stack; every stack is one forward's layer section;
 3. cuts: between two consecutive stacks lie the tail of the first forward and the head of the
@@ -238,7 +240,7 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
     per_win = pd.Series(window[cands[main][:, 0]]).value_counts()
     reps = (cands[main][:, 1] - cands[main][:, 0]) // main
     steady = len(reps) >= 3 and (reps == pd.Series(reps).mode().iloc[0]).mean() >= 0.75
-    if per_win.max() < 2 and not steady:
+    if per_win.max() < 2 and not steady and len(reps) > 1:
         return Blocks([], np.zeros((0, 2), np.int64),
                       notes=[f"no layer structure: the repeated block that covers the most launches "
                        f"({main} kernels) occurs at most once between request gaps, with a varying "

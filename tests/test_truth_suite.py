@@ -212,3 +212,13 @@ def test_boundaries_say_what_decided_them():
     # inside a request the steady decode cycle matches the learnt tail and head exactly
     serve = f[f["phase"] == "serve"]
     assert (serve["cut_by"] == "tail_pattern").mean() > 0.7
+
+
+def test_no_repeating_step_invents_nothing():
+    """The capture probe (every launch path once, no model) has no repeating step: no forward is
+    made up, and the notes say why."""
+    a = analyze(load_dump(Path(__file__).parent / "fixtures" / "capture" / "probe.tar.xz", cache=False))
+    assert len(a.forwards) == 0 and a.passes.method == "none"
+    assert any(n.startswith("no repeating step found") for n in a.notes)
+    doc = from_json(json.loads(json.dumps(to_json(a), allow_nan=False)))
+    assert doc.passes.forwards == [] and doc.fits == []
