@@ -154,6 +154,7 @@ class Site:
     occ: int
     n_forwards: int
     builds: int            # distinct kernel builds (module sha256) the site ran
+    sha256: list[str]      # those builds' modules: the site's kernel identity with its symbol
     layer: int
     pos: int
 

@@ -65,6 +65,8 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
         t["layer_e"], t["pos_e"] = -1, -1
         t["kernel"] = t["symbol"].astype(str)
     t["symbol"] = t["symbol"].astype(str)
+    sha = launches["sha256"]
+    t["sha256"] = pd.Categorical.from_codes(sha.cat.codes.to_numpy()[t["row"].to_numpy()], sha.cat.categories)
     t["occ"] = t.groupby(["forward", "symbol"]).cumcount().astype("int32")
     counts = t.groupby(["symbol", "forward"]).size().rename("n").reset_index()
     modal = counts.groupby("symbol")["n"].agg(lambda s: int(s.mode().max())).rename("modal")
@@ -80,7 +82,10 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
     # sites in the order they first run: by their first forward, then position in it
     first_row = pd.Series(kept.index.to_numpy(), index=kept["site"].to_numpy()).groupby(level=0).min()
     order = pd.DataFrame({"f0": kept.groupby("site")["forward"].min(), "r0": first_row})
-    idx = idx.join(order).sort_values(["f0", "r0"]).drop(columns=["f0", "r0"]).reset_index()
+    idx = idx.join(order).sort_values(["f0", "r0"]).drop(columns=["f0", "r0"])
+    idx["sha256"] = kept.groupby("site", observed=True)["sha256"].agg(
+        lambda v: sorted(str(x) for x in v.unique())).reindex(idx.index)
+    idx = idx.reset_index()
     idx["layer"], idx["pos"] = -1, -1
     g = counts.groupby("symbol")
     partial = pd.DataFrame({
