@@ -87,6 +87,17 @@ def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray, stack_star
     return np.cumsum(between > thr).astype(np.int32)
 
 
+def _best_anchor(cands: list):
+    """Of the one-layer anchors, the kernel launched most often in the whole stream: it runs in
+    prefill and start-up passes too, where a decode-only kernel (a sampler's) would leave those
+    forwards out. Measured on the suite's one-layer capture: the serving forwards and their
+    tokens are right with it; the kernels that score best on exact cuts are decode-only ones,
+    which lose the prefills."""
+    if not cands:
+        return None
+    return max(cands, key=lambda c: (len(c[0]), c[1]))
+
+
 def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | None = None,
                   gap_ms: float | None = None, notes: list[str] | None = None) -> Passes:
     """The forwards of `launches` (a load_dump frame sorted by seq); graphs.jsonl read from `folder`."""
@@ -109,7 +120,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     n = len(E)
     anchored = None
     if len(blocks.stacks) == 0:
-        anchored = steps.step_anchors(codes, sym_of_code, blocks)
+        anchored = _best_anchor(steps.step_anchors(codes, sym_of_code, blocks))
     if anchored is not None:
         notes += blocks.notes
         stacks, anchor = anchored

@@ -487,25 +487,21 @@ def kind_names(patterns: list[list[int]], kinds: list[dict]) -> dict[int, str]:
     return {k["period"]: chr(ord("A") + i) for i, k in enumerate(kinds)}
 
 
-def step_anchors(codes: np.ndarray, names: np.ndarray, blocks: Blocks) -> tuple[np.ndarray, str] | None:
-    """One-layer models: stacks of one launch each, at a kernel that runs once per step.
+def step_anchors(codes: np.ndarray, names: np.ndarray, blocks: Blocks) -> list[tuple[np.ndarray, str]]:
+    """One-layer models: candidate stacks of one launch each, at a kernel that runs once per step.
 
     When the only repeats are whole steps (`Blocks.steps`), the step's own kernels show which run
-    once per step; of those, the kernel (by name) launched most often in the whole stream anchors
-    every forward (it runs in prefill and start-up passes too, where a decode-only kernel would
-    leave those forwards out). Returns ([n, 2] one-launch stacks, its name), None without such a
-    kernel."""
+    once per step; each such kernel (by name) gives one candidate: its launches as one-launch
+    stacks (`forwards._best_anchor` keeps one). Empty without one."""
     if not blocks.steps:
-        return None
+        return []
     p = min(blocks.steps)
     a = int(blocks.steps[p][0, 0])
     block = names[codes[a:a + p]]
     uniq, cnt = np.unique(block, return_counts=True)
-    once = set(uniq[cnt == 1].tolist())
-    if not once:
-        return None
     stream = names[codes]
-    total = {k: int((stream == k).sum()) for k in once}
-    best = max(sorted(total), key=lambda k: total[k])
-    pos = np.flatnonzero(stream == best)
-    return np.column_stack([pos, pos + 1]).astype(np.int64), str(best)
+    out = []
+    for k in sorted(uniq[cnt == 1].tolist()):
+        pos = np.flatnonzero(stream == k)
+        out.append((np.column_stack([pos, pos + 1]).astype(np.int64), str(k)))
+    return out

@@ -222,3 +222,30 @@ def test_no_repeating_step_invents_nothing():
     assert any(n.startswith("no repeating step found") for n in a.notes)
     doc = from_json(json.loads(json.dumps(to_json(a), allow_nan=False)))
     assert doc.passes.forwards == [] and doc.fits == []
+
+
+@pytest.mark.parametrize("name", VLLM_EAGER)
+def test_gen_qwen3_through_the_analysis(name, tmp_path):
+    """`mine gen qwen3` makes a verified manifest from every eager capture of the suite, its forwards
+    and layer structure taken from the analysis (the geometry's config comes from the truth)."""
+    from mine.cmd_gen_qwen3 import build_manifest
+    from manifests.verify import verify
+
+    a, truth = analysed(name)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(truth["config"]))
+    root = Path(__file__).resolve().parent.parent
+    _, mm, _, m = build_manifest(SUITE / f"{name}.tar.xz", cfg, root / "kernels.toml", 2048)
+    assert verify(m) == []
+    assert len(m["states"]) == layer_count(truth)
+    # the forwards it mined are the analysis' own, at the analysis' token counts, and every
+    # serving forward is among them
+    tokens = a.forwards.set_index("forward")["tokens"]
+    assert all(int(tokens[f]) == t for f, _, t in mm.forwards)
+    serve = set(a.forwards.loc[a.forwards["phase"] == "serve", "forward"])
+    if layer_count(truth) > 1:
+        assert serve <= {f for f, _, _ in mm.forwards}
+    else:
+        # one layer: forwards are anchored on one kernel, and a request's prefill and first
+        # decode meet at a cut the generator's walk does not always take whole
+        assert len(serve & {f for f, _, _ in mm.forwards}) >= len(serve) // 2

@@ -488,6 +488,25 @@ def check_analysis(doc: AnalysisDoc, dump, cfg) -> None:
                              f"(pattern {bad[0].pattern}); the config has {cfg.layers}")
 
 
+def check_kv_pool(doc: AnalysisDoc, cfg) -> None:
+    """Over the analysis: one KV pool, laid out one region per layer at a constant stride, that
+    the kernel writing the cache and the attention reading it share in every layer (the manifest
+    binds one `kv.<layer>` state per layer). Names the call sites when it does not hold. A
+    one-layer model has no stride to check (the address check of `check` still holds there)."""
+    if cfg.layers < 2:
+        return
+    pools: dict[int, set] = {}
+    for st in doc.layers.strides:
+        if st.role == "kv_pool" and st.stride is not None and st.layers == cfg.layers:
+            pools.setdefault(st.stride, set()).add(st.symbol)
+    if not any(len(users) >= 2 for users in pools.values()):
+        kv = [p for p in doc.pointers if p.role == "kv_pool"]
+        where = (f"call site {kv[0].site} (layer {kv[0].layer})" if kv else "no call site")
+        raise WiringMismatch(f"the analysis finds no KV pool that two kernels share in all {cfg.layers} layers "
+                             f"at one stride ({where} is the first kv_pool pointer); the manifest's "
+                             f"per-layer KV states need one")
+
+
 def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
     """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`) and its analysis."""
     check_analysis(doc, dump, cfg)
@@ -509,6 +528,7 @@ def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
     for fwd in fwds:
         check(fwd, cfg)
     _check_stable(fwds)
+    check_kv_pool(doc, cfg)
     inst = _instances(fwds)
     cache = inst[("p", "cache")][0]
     block_stride, token_row = cache.scalars[9][2], cache.scalars[13][2]
