@@ -199,6 +199,34 @@ def _front_layers(codes: np.ndarray, names: np.ndarray, stacks: np.ndarray, kind
     return [x if x is not None and seqs[k] == want else None for k, x in enumerate(out)]
 
 
+def _align_front(codes: np.ndarray, names: np.ndarray, front: list, runs: np.ndarray) -> tuple[list, np.ndarray]:
+    """Every layer of a stack starts with the same kernel where a phase allows it (the input
+    norm, dense layer or not). A run right after a front layer may start a kernel early, when its
+    blocks' last kernel equals the front layer's last (`_seams`' case, at the front): shift it
+    right, within its periodic stretch, until its blocks start with the front layer's first
+    kernel, and let the front layer end there."""
+    runs = runs.copy()
+    out = list(front)
+    for k, x in enumerate(front):
+        if x is None:
+            continue
+        j, a = x
+        hit = np.flatnonzero(runs[:, 0] == a)
+        if len(hit) == 0:
+            continue
+        r = int(hit[0])
+        s0, e, stretch, p = (int(v) for v in runs[r])
+        reps = (e - s0) // p
+        first = names[codes[j]]
+        for d in range(0, max(stretch, e) - e + 1):
+            if names[codes[s0 + d]] == first:
+                if d:
+                    runs[r] = (s0 + d, s0 + d + reps * p, stretch, p)
+                    out[k] = (j, s0 + d)
+                break
+    return out, runs
+
+
 def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None = None,
                 t_ns: np.ndarray | None = None) -> Blocks:
     """Layer block kinds and stacks of the executed stream `codes` (kernel identity codes;
@@ -308,6 +336,7 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
                              f"cover under {MIN_STACK_SHARE:.0%} of the launches between the first and the last"])
     front = _front_layers(codes, names, stacks_a, chosen, main_names)
     if front:
+        front, runs = _align_front(codes, names, front, runs)
         extra = [(j, a, a, a - j) for x in front if x is not None for j, a in [x]]
         for j, a, _, q in extra:
             chosen.setdefault(q, np.zeros((0, 3), np.int64))
@@ -317,6 +346,9 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
         for k, x in enumerate(front):
             if x is not None:
                 stacks_a[k, 0] = x[0]
+                # a run shifted by _align_front may now end past the stack's old end
+                inside = runs[(runs[:, 0] >= stacks_a[k, 0]) & (runs[:, 0] < stacks_a[k, 1])]
+                stacks_a[k, 1] = max(int(stacks_a[k, 1]), int(inside[:, 1].max()))
         stacks = stacks_a.tolist()
     info = []
     for p, r in chosen.items():

@@ -116,6 +116,27 @@ def test_heterogeneous_stack_pattern(name):
         assert len({k for k, _ in got}) == len(runs)
 
 
+# what each kind of layer launches, as examples/planted/triton_engine.py's Engine.forward does (the
+# captures committed before the program wrote it into its truth file lack the key)
+PLANTED_LAYER_KERNELS = {"dense": ["norm_kernel", "proj_kernel", "act_kernel", "proj_kernel"],
+                         "gated": ["norm_kernel", "kv_write_kernel", "kv_write_kernel", "proj_kernel",
+                                   "proj_kernel", "act_kernel", "proj_kernel"]}
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_planted_call_sites_of_each_layer(name):
+    """In every serving forward, each layer's call sites are exactly the kernels the program
+    launched for that layer, in order."""
+    a, truth = analysed(name)
+    want = truth.get("layer_kernels", PLANTED_LAYER_KERNELS)
+    t = a.sites.table
+    serve = a.forwards.loc[a.forwards["phase"] == "serve", "forward"]
+    for fw in serve:
+        g = t[(t["forward"] == fw) & (t["layer_e"] >= 0)]
+        got = [grp["symbol"].astype(str).tolist() for _, grp in g.groupby("layer_e")]
+        assert got == [want[k] for k in truth["layer_kinds"]], fw
+
+
 @pytest.mark.parametrize("name", PLANTED)
 def test_planted_graph_replays_attributed(name):
     """Each forward the program replayed from its CUDA graph is found, at its place, with the

@@ -31,6 +31,10 @@ import triton
 import triton.language as tl
 
 BLOCK_T = 16
+# the kernels each kind of layer launches, in order (Engine.forward)
+LAYER_KERNELS = {"dense": ["norm_kernel", "proj_kernel", "act_kernel", "proj_kernel"],
+                 "gated": ["norm_kernel", "kv_write_kernel", "kv_write_kernel", "proj_kernel",
+                           "proj_kernel", "act_kernel", "proj_kernel"]}
 
 
 @triton.jit
@@ -197,7 +201,8 @@ def main() -> None:
                        "kv_write_kernel": "ceil_div(tokens, 16)", "argmax_kernel": "tokens",
                        "act_kernel": f"ceil_div(mul(tokens, {args.inter}), 1024)",
                        "step_stats_kernel": "1"},
-             "weights": {"arena_stride": eng.stride}}
+             "weights": {"arena_stride": eng.stride},
+             "layer_kernels": LAYER_KERNELS}
     torch.cuda.synchronize()
 
     def step(kind: str, T: int, pos0: int, graph=None) -> None:
