@@ -178,9 +178,8 @@ def _front_layers(codes: np.ndarray, names: np.ndarray, stacks: np.ndarray, kind
                   known: set) -> list:
     """A single layer of another kind before the stacks (one dense layer before MoE layers): the
     launches right before a stack that are all kernels the layer kinds use (by name), back to the
-    first one that is not (the head: embedding, input staging), when there are enough of them for a
-    layer (MIN_DISTINCT kernels, half the shortest block) and the same sequence stands before at
-    least half the stacks. Returns (start, end) per stack (None where none), or [] when no such
+    first one that is not (the head: embedding, input staging), when they are MIN_DISTINCT kernels
+    or more and the same sequence stands before at least half the stacks. Returns (start, end) per stack (None where none), or [] when no such
     layer exists."""
     out, seqs = [], []
     longest = max(kinds)
@@ -189,7 +188,7 @@ def _front_layers(codes: np.ndarray, names: np.ndarray, stacks: np.ndarray, kind
         while j > 0 and int(a) - j < longest and names[codes[j - 1]] in known:
             j -= 1
         seg = tuple(names[codes[j:a]].tolist())
-        ok = len(set(seg)) >= MIN_DISTINCT and len(seg) >= min(kinds) // 2 and int(a) - j < longest
+        ok = len(set(seg)) >= MIN_DISTINCT and int(a) - j < longest
         out.append((j, int(a)) if ok else None)
         seqs.append(seg if ok else None)
     common = pd.Series([x for x in seqs if x is not None], dtype=object).value_counts()

@@ -12,12 +12,13 @@ between forwards, and decode steps that are partly eager and partly CUDA-graph r
 
 Per forward (T tokens, context C after it):
   embed (grid ceil_div(T, 16)) ; per dense layer: norm, up-proj, act, down-proj+residual ;
-  per gated layer: norm, kv_write (K), kv_write (V), up-proj, gate-proj, act, down-proj+residual ;
+  per gated layer: norm, kv_write (K), kv_write (V), attend (reads both back), up-proj, gate-proj,
+  act, down-proj+residual ;
   final norm ; logits-proj ; argmax (grid T).
 After every forward a bookkeeping kernel (`step_stats`, grid 1) runs outside the model.
 Every grid is a closed-set expression of T: ceil_div(T, 16), T, mul(T, 2), 1.
 Weights of the layers sit in one arena at a fixed stride per layer kind; the KV cache is one
-pool, K and V of each gated layer at a fixed offset.
+pool of `--kv-ctx` rows per gated layer, K and V of each layer at a fixed offset.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import triton.language as tl
 BLOCK_T = 16
 # the kernels each kind of layer launches, in order (Engine.forward)
 LAYER_KERNELS = {"dense": ["norm_kernel", "proj_kernel", "act_kernel", "proj_kernel"],
-                 "gated": ["norm_kernel", "kv_write_kernel", "kv_write_kernel", "proj_kernel",
-                           "proj_kernel", "act_kernel", "proj_kernel"]}
+                 "gated": ["norm_kernel", "kv_write_kernel", "kv_write_kernel", "attend_kernel",
+                           "proj_kernel", "proj_kernel", "act_kernel", "proj_kernel"]}
 
 
 @triton.jit
@@ -99,6 +100,22 @@ def kv_write_kernel(x, cache, pos, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def attend_kernel(x, k_cache, v_cache, pos, T, H: tl.constexpr, BT: tl.constexpr):
+    # reads this step's cache rows back: the cache is written by one kernel and read by another
+    pid = tl.program_id(0)
+    rows = pid * BT + tl.arange(0, BT)
+    cols = tl.arange(0, H)
+    m = rows < T
+    p0 = tl.load(pos)
+    at = (p0 + rows)[:, None] * H + cols[None, :]
+    k = tl.load(k_cache + at, mask=m[:, None]).to(tl.float32)
+    v = tl.load(v_cache + at, mask=m[:, None]).to(tl.float32)
+    xv = tl.load(x + rows[:, None] * H + cols[None, :], mask=m[:, None]).to(tl.float32)
+    w = tl.sigmoid(tl.sum(k * xv, axis=1) / H)
+    tl.store(x + rows[:, None] * H + cols[None, :], (xv + w[:, None] * v).to(tl.bfloat16), mask=m[:, None])
+
+
+@triton.jit
 def argmax_kernel(logits, out, V: tl.constexpr):
     row = tl.program_id(0)
     v = tl.load(logits + row * V + tl.arange(0, V)).to(tl.float32)
@@ -159,6 +176,7 @@ class Engine:
             if kind == "gated":
                 kv_write_kernel[grid_t](self.x, self.kv[g, 0], self.pos, T, H=H, BT=BLOCK_T)
                 kv_write_kernel[grid_t](self.x, self.kv[g, 1], self.pos, T, H=H, BT=BLOCK_T)
+                attend_kernel[grid_t](self.x, self.kv[g, 0], self.kv[g, 1], self.pos, T, H=H, BT=BLOCK_T)
                 g += 1
             proj_kernel[(T, F // 64)](self.x, w["up"], self.u, self.u, T, K=H, N=F, BN=64, ADD=False)
             if kind == "gated":
@@ -186,6 +204,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--profile", type=int, default=512)
     ap.add_argument("--warmups", default="64,1")
+    ap.add_argument("--kv-ctx", type=int, default=2048, help="KV cache rows per gated layer")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     dense, gated = (int(x) for x in args.layers.split(","))
@@ -193,15 +212,17 @@ def main() -> None:
     prompts = [int(x) for x in args.prompts.split(",")]
     warmups = [int(x) for x in args.warmups.split(",") if x]
     max_tok = max([args.profile, *prompts, *warmups])
-    eng = Engine(kinds, args.hidden, args.vocab, args.inter, max_tok, max_tok + args.decode + 8, args.seed)
+    kv_ctx = max(args.kv_ctx, max_tok + args.decode + 8)
+    eng = Engine(kinds, args.hidden, args.vocab, args.inter, max_tok, kv_ctx, args.seed)
     truth = {"program": "examples/planted/triton_engine.py", "args": vars(args), "layer_kinds": kinds,
              "forwards": [], "hidden": args.hidden, "inter": args.inter, "vocab": args.vocab,
              "block_t": BLOCK_T,
              "grids": {"embed_kernel": "ceil_div(tokens, 16)", "norm_kernel": "ceil_div(tokens, 16)",
-                       "kv_write_kernel": "ceil_div(tokens, 16)", "argmax_kernel": "tokens",
+                       "kv_write_kernel": "ceil_div(tokens, 16)", "attend_kernel": "ceil_div(tokens, 16)",
+                       "argmax_kernel": "tokens",
                        "act_kernel": f"ceil_div(mul(tokens, {args.inter}), 1024)",
                        "step_stats_kernel": "1"},
-             "weights": {"arena_stride": eng.stride},
+             "weights": {"arena_stride": eng.stride, "kv_layer_stride": 2 * kv_ctx * args.hidden * 2},
              "layer_kernels": LAYER_KERNELS}
     torch.cuda.synchronize()
 
