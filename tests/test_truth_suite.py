@@ -270,3 +270,31 @@ def test_gen_qwen3_through_the_analysis(name, tmp_path):
         # one layer: forwards are anchored on one kernel, and a request's prefill and first
         # decode meet at a cut the generator's walk does not always take whole
         assert len(serve & {f for f, _, _ in mm.forwards}) >= len(serve) // 2
+
+
+def test_analysis_checks_name_the_call_site():
+    """The generator's checks over the analysis: a layer's norm weight shared with another layer,
+    or a KV pool no two kernels share, is refused in one sentence naming the call sites."""
+    import dataclasses
+
+    from generators.qwen3 import mined
+    from mining.analyze import document
+
+    a, truth = analysed("q12e")
+    doc = document(a)
+    mined.check_weights_distinct(doc)
+    picked = [p for p in doc.pointers if p.role == "weight" and p.layer >= 0
+              and (mined.tag(p.symbol), p.i) in {("rms", 7), ("fadd", 3)}]
+    a0 = next(p for p in picked if p.layer == 0)
+    a3 = next(p for p in picked if p.layer == 3 and p.i == a0.i and p.at == a0.at)
+    bad = dataclasses.replace(doc, pointers=[dataclasses.replace(p, value=a0.value) if p is a3 else p
+                                             for p in doc.pointers])
+    with pytest.raises(mined.WiringMismatch, match=rf"call site .* \(layer 3\) takes the weight .* call site "
+                                                   rf"{a0.site} \(layer 0\)"):
+        mined.check_weights_distinct(bad)
+    cfg = type("Cfg", (), {"layers": layer_count(truth)})()
+    mined.check_kv_pool(doc, cfg)
+    no_pool = dataclasses.replace(doc, layers=dataclasses.replace(
+        doc.layers, strides=[s for s in doc.layers.strides if s.role != "kv_pool"]))
+    with pytest.raises(mined.WiringMismatch, match="no KV pool that two kernels share in all 12 layers"):
+        mined.check_kv_pool(no_pool, cfg)

@@ -507,6 +507,23 @@ def check_kv_pool(doc: AnalysisDoc, cfg) -> None:
                              f"per-layer KV states need one")
 
 
+def check_weights_distinct(doc: AnalysisDoc) -> None:
+    """Over the analysis: the norm weights this generator binds per layer (rms_norm's and
+    fused_add_rms_norm's weight words; GEMM operands are not bound) are no other layer's: the
+    manifest binds a distinct tensor per layer. Names both call sites."""
+    seen: dict[tuple, object] = {}
+    bound = {("rms", 7), ("fadd", 3)}
+    for ptr in doc.pointers:
+        if ptr.role != "weight" or ptr.layer < 0 or (tag(ptr.symbol), ptr.i) not in bound:
+            continue
+        key = (ptr.value, ptr.i, ptr.at)
+        other = seen.setdefault(key, ptr)
+        if other.layer != ptr.layer:
+            raise WiringMismatch(f"call site {ptr.site} (layer {ptr.layer}) takes the weight {ptr.value} that "
+                                 f"call site {other.site} (layer {other.layer}) takes too; the manifest binds "
+                                 f"a distinct tensor per layer")
+
+
 def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
     """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`) and its analysis."""
     check_analysis(doc, dump, cfg)
@@ -529,6 +546,7 @@ def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
         check(fwd, cfg)
     _check_stable(fwds)
     check_kv_pool(doc, cfg)
+    check_weights_distinct(doc)
     inst = _instances(fwds)
     cache = inst[("p", "cache")][0]
     block_stride, token_row = cache.scalars[9][2], cache.scalars[13][2]
