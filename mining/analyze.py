@@ -28,7 +28,7 @@ from mining.contract import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
 from mining import pointers as P
 from mining import sites as S
 from mining.load import Dump
-from mining.forwards import find_forwards, kernel_identity, tag_phases
+from mining.forwards import find_forwards, tag_phases
 from mining.passes import Passes, split_passes
 
 SHAPE_COLS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "smem")
@@ -158,13 +158,12 @@ def _no_layout(dump: Dump) -> pd.DataFrame:
 def _stack_shapes(passes: Passes) -> list[dict]:
     """The layer summary per distinct stack pattern (the shape `layers.shapes` reports)."""
     f = passes.forwards
+    period = {k["kind"]: k["period"] for k in passes.blocks}
     out = []
     for pat, grp in f.groupby("pattern", sort=False):
         if not pat:
             continue
         first = int(grp["forward"].iloc[0])
-        kinds = [k for k in passes.blocks]
-        period = {k["kind"]: k["period"] for k in kinds}
         seq = [(tok.split("×")[0], int(tok.split("×")[1])) for tok in pat.split()]
         out.append({"forwards": int(len(grp)), "example_forward": first, "pattern": pat,
                     "layers": int(grp["layers"].iloc[0]),
@@ -185,7 +184,7 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
         layers = S.layer_blocks(sites)
     else:
         passes = find_forwards(dump.launches, dump.source.parent, gap_ms=gap_ms, notes=notes)
-        _, names = kernel_identity(dump.launches)
+        names = passes.kernel_names
         if passes.method == "layer_stacks":
             sites = S.align(dump.launches, passes.forward, passes.executed, names)
             S.stack_layers(sites)

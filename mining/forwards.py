@@ -31,7 +31,7 @@ import pandas as pd
 
 from mining import steps
 from mining.graphs import Executed, executed as executed_stream, read_graphs
-from mining.passes import GAP_FLOOR_NS, Passes, _repair, gap_threshold, split_passes, split_windows
+from mining.passes import GAP_FLOOR_NS, Passes, _repair, gap_threshold, split_windows
 
 
 def kernel_identity(launches: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
@@ -141,11 +141,11 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
             ("cut_by", "object"), ("confidence", "float64"), ("phase", "object"))})
         n_rows = len(launches)
         return Passes(np.zeros(n_rows, np.int32), np.full(n_rows, -1, np.int32), gap_ns, "", 0, f, notes, E,
-                      "none", [], captures)
+                      "none", [], captures, names)
     # cuts match head and tail by kernel *name*: the first forwards of a window run other builds
     # of the same kernels (Triton specialises on sizes) than the steady decode cycle
     sym_codes = launches["symbol"].cat.codes.to_numpy().astype(np.int64)[E["row"].to_numpy()]
-    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks, window)
+    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks)
     forward = cuts.forward
     moved = _repair(codes, forward, np.zeros(n, np.int32))
     if moved:
@@ -161,7 +161,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     fill = np.clip(nxt, 0, len(req) - 1)
     win_e[~inside] = req[fill[~inside]]
     E = E.assign(kernel=codes, window=win_e, forward=forward, layer=layer, pos=pos)
-    letters = steps.kind_names(patterns, blocks.kinds)
+    letters = steps.kind_names(blocks.kinds)
     seq = E["seq"].to_numpy()
     rep = E["replay"].to_numpy()
     m = forward >= 0
@@ -193,7 +193,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     info = [dict(k, kind=letters[k["period"]], kernels=[str(names[c]) for c in k.pop("example")])
             for k in [dict(x) for x in blocks.kinds]]
     return Passes(win_row, fwd_row, gap_ns, str(names[main["example"][0]]), int(main["period"]), f, notes,
-                  E, "layer_stacks", info, captures)
+                  E, "layer_stacks", info, captures, names)
 
 
 def _pattern(kinds: list[int], letters: dict[int, str]) -> str:

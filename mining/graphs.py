@@ -92,8 +92,8 @@ def _by_capture(launches: pd.DataFrame) -> dict[int, np.ndarray]:
     return {int(i): part for i, part in zip(ids, np.split(rows[order], starts[1:]))}
 
 
-def _latest(events: pd.DataFrame, key: str, t: int):
-    """The row of `events` (sorted by t_ns, one key) last at or before t, or None."""
+def _latest(events: pd.DataFrame, t: int):
+    """The row of `events` (one handle's, sorted by t_ns) last at or before t, or None."""
     pos = np.searchsorted(events["t_ns"].to_numpy(np.int64), t, side="right") - 1
     return None if pos < 0 else events.iloc[pos]
 
@@ -127,10 +127,10 @@ def _exec_rows(launches: pd.DataFrame, graphs: pd.DataFrame):
         got = []
         ins = inst.get(exec_)
         if ins is not None:
-            r = _latest(ins, "exec", t)
+            r = _latest(ins, t)
             if r is not None and isinstance(r["graph"], str):
                 e = ends.get(r["graph"])
-                c = _latest(e, "graph", int(r["t_ns"])) if e is not None else None
+                c = _latest(e, int(r["t_ns"])) if e is not None else None
                 if c is not None and pd.notna(c["capture_id"]) and int(c["capture_id"]) in by_cap:
                     got.append(by_cap[int(c["capture_id"])])
                 got.append(node_rows(r["graph"], int(r["t_ns"])))

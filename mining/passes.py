@@ -58,6 +58,7 @@ class Passes:
     method: str = "core_kernel"
     blocks: list[dict] = field(default_factory=list)
     captures: pd.DataFrame | None = None
+    kernel_names: pd.Index | None = None   # executed["kernel"] code -> identity name (forwards.py)
 
 
 def gap_threshold(t_ns: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> int:

@@ -410,12 +410,9 @@ def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: 
     return int(np.argmax(med))
 
 
-def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
-                 window: np.ndarray | None = None) -> Cuts:
-    """One forward per stack; the launches between stacks split into tail and head (step 3).
-    `window`: the time windows of the executed stream (request gaps), whose edges show the cut."""
+def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray) -> Cuts:
+    """One forward per stack; the launches between stacks split into tail and head (step 3)."""
     n, k = len(codes), len(stacks)
-    window = np.zeros(n, np.int32) if window is None else window
     forward = np.full(n, -1, np.int32)
     cols = ["forward", "start", "stack_start", "stack_end", "end", "cut_by", "confidence"]
     if k == 0:
@@ -424,7 +421,6 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
     tail_pat: tuple = ()
     head_pat: tuple = ()
     common: tuple = ()
-    request_ns = np.inf
     if gaps:
         common = pd.Series(gaps).value_counts().index[0]
         # a host gap well above the longest gap of the steady cycle between two steps is a
@@ -432,8 +428,7 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
         occ = [i for i, g in enumerate(gaps) if g == common]
         step_max = np.median([np.diff(t_ns[stacks[i, 1] - 1:stacks[i + 1, 0] + 1]).max() for i in occ])
         request_ns = max(REQUEST_FLOOR_NS, 4 * step_max)
-        fine = np.concatenate([[0], np.cumsum(np.diff(t_ns) > request_ns)]).astype(np.int32)
-        window = fine
+        window = np.concatenate([[0], np.cumsum(np.diff(t_ns) > request_ns)]).astype(np.int32)
         cut = _cycle_cut(codes, t_ns, window, stacks, gaps, common)
         tail_pat, head_pat = common[:cut], common[cut:]
     starts, ends = np.zeros(k, np.int64), np.zeros(k, np.int64)
@@ -447,8 +442,7 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray,
         if tl + hd == len(g):
             ends[i], starts[i + 1] = a + tl, a + tl
             cut_by[i + 1], conf[i + 1] = "tail_pattern", 1.0
-        elif window[a + tl - 1] != window[b - hd] or (
-                b - hd > a + tl and np.diff(t_ns[a + tl - 1:b - hd + 1]).max() > request_ns):
+        elif window[a + tl - 1] != window[b - hd]:
             # a request gap among launches neither pattern explains. A short stretch is the
             # steps' own work around the idle gap (the finished request's bookkeeping before
             # it, the next request's input staging after it): split at the gap. A long one
@@ -513,7 +507,7 @@ def layer_map(n: int, blocks: Blocks, cuts: Cuts) -> tuple[np.ndarray, np.ndarra
     return layer, pos, pattern
 
 
-def kind_names(patterns: list[list[int]], kinds: list[dict]) -> dict[int, str]:
+def kind_names(kinds: list[dict]) -> dict[int, str]:
     """Block kinds named A, B, ... in order of the main block first."""
     return {k["period"]: chr(ord("A") + i) for i, k in enumerate(kinds)}
 
