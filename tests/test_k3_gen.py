@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -140,12 +139,11 @@ def test_refuses_unpinned_kernel():
 
 
 @pytest.mark.slow
-def test_all_nine_896_under_30s(tmp_path):
+def test_all_nine_896(tmp_path):
+    """The nine 896-expert manifests are written; their time is measured in docs/benchmarks.md
+    ("K3 generation"), not asserted here."""
     from mine.cmd_gen_k3 import write_decode, write_prefill
 
-    t = time.perf_counter()
     paths = write_prefill(CFG, TABLE, tmp_path, 8, 896, 8192, 16, 262144)
     paths.append(write_decode(CFG, TABLE, tmp_path, 896, 8, 262144))
-    took = time.perf_counter() - t
     assert [p.name for p in paths] == [f"stage{s}.json" for s in range(8)] + ["d.json"]
-    assert took < 30, f"generating the nine took {took:.1f} s"
