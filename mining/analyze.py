@@ -49,11 +49,14 @@ class Analysis:
     holdout_tokens: int | None
     variables: list[str]
     notes: list[str] = field(default_factory=list)
+    views: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def forwards(self) -> pd.DataFrame:
         f = self.passes.forwards.copy()
         f["tokens"] = f["forward"].map(self.reference.tokens).astype("Int64")
+        src = S.token_sources(self.sites, self.passes.executed, self.reference)
+        f["tokens_from"] = f["forward"].map(src[~src.index.duplicated()]).astype(object).fillna("none")
         return f
 
 
@@ -211,10 +214,12 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     env, variables = _variables(passes.forwards, ref.tokens)
     distinct = sorted(set(ref.tokens.tolist()))
     holdout = distinct[len(distinct) // 2] if len(distinct) >= 3 else None
-    ptrs, strides = P.classify(dump.params, sites.table, sites.index)
+    words = P.pointer_words(dump.params, sites.table)
+    ptrs, strides = P.classify(words, sites.index)
+    views = P.views(words)
     fits = _fit_table(dump, sites, _Fitter(env, holdout)) if ref.symbol else pd.DataFrame()
     return Analysis(dump, passes, sites, ref, layers, ptrs, strides, P.logical_buffers(ptrs), fits,
-                    _no_layout(dump), holdout, variables, notes)
+                    _no_layout(dump), holdout, variables, notes, views)
 
 
 def _plain(v):
@@ -336,6 +341,10 @@ def document(a: Analysis) -> C.AnalysisDoc:
         partial=_rows(a.sites.partial, C.Partial),
         pointers=_rows(ptrs, C.Pointer),
         buffers=_rows(bufs, C.Buffer),
+        views=[C.View(int(v), int(g["forwards"].iat[0]),
+                      [C.ViewMember(str(r.site), int(r.i), int(r.at), int(r.delta), bool(r.anchor))
+                       for r in g.itertuples()])
+               for v, g in a.views.groupby("view", sort=True)] if len(a.views) else [],
         fits=_rows(fits, C.Fit) if len(fits) else [],
         no_layout=_rows(a.no_layout, C.NoLayout),
     )

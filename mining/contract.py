@@ -22,7 +22,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-ANALYSIS_SCHEMA_VERSION = 2
+ANALYSIS_SCHEMA_VERSION = 3
+SITE_SEP = "#"             # a call site is named symbol + SITE_SEP + occurrence in its forward
+
+
+def site_name(symbol: str, occ: int) -> str:
+    """The name of the `occ`-th launch of `symbol` in a forward (0-based), as `sites` lists it."""
+    return f"{symbol}{SITE_SEP}{occ}"
 
 
 class AnalysisError(ValueError):
@@ -44,6 +50,7 @@ class Forward:
     window: int            # request window
     phase: str             # startup | serve
     tokens: int | None     # the reference's value (null where it did not run)
+    tokens_from: str       # launch | graph (the size its CUDA graph was captured at) | none
     n_launches: int
     n_kernels: int
     first_seq: int
@@ -200,6 +207,22 @@ class Buffer:
 
 
 @dataclass
+class ViewMember:
+    site: str
+    i: int
+    at: int
+    delta: int             # bytes from the view's lowest member, the same in every forward
+    anchor: bool           # the view's forwards are exactly this word's
+
+
+@dataclass
+class View:
+    view: int
+    forwards: int          # forwards its members ran in (the same for all of them)
+    members: list[ViewMember]
+
+
+@dataclass
 class Fit:
     site: str
     symbol: str
@@ -236,6 +259,7 @@ class AnalysisDoc:
     partial: list[Partial]
     pointers: list[Pointer]
     buffers: list[Buffer]
+    views: list[View]
     fits: list[Fit]
     no_layout: list[NoLayout] = field(default_factory=list)
 
@@ -244,6 +268,33 @@ class AnalysisDoc:
 
     def serve_forwards(self) -> list[Forward]:
         return [f for f in self.passes.forwards if f.phase == "serve"]
+
+    def relation(self) -> "Relations":
+        """The views as a lookup of how two pointer words relate (`Relations.distance`)."""
+        return Relations(self.views)
+
+
+class Relations:
+    """Pointer-word relations of an analysis' views: `distance(a, b)` is b's byte distance from
+    a over the forwards both ran in -- 0 for the same address -- or None when the analysis shows
+    no constant one. A word is (site, param, word offset)."""
+
+    def __init__(self, views: list[View]):
+        self._in: dict[tuple, list[tuple[int, int, bool]]] = {}
+        for v in views:
+            for m in v.members:
+                self._in.setdefault((m.site, m.i, m.at), []).append((v.view, m.delta, m.anchor))
+
+    def distance(self, a: tuple, b: tuple) -> int | None:
+        mine = {v: (d, anc) for v, d, anc in self._in.get(a, [])}
+        for v, d, anc in self._in.get(b, []):
+            if v in mine and (anc or mine[v][1]):
+                return d - mine[v][0]
+        return None
+
+    def views(self, a: tuple) -> int:
+        """How many views hold word `a`."""
+        return len(self._in.get(a, []))
 
 
 def _dump(v):

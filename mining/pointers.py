@@ -19,6 +19,12 @@ the address behaves across forwards and layers:
   kernels (those before the first layer) also point into;
 - persistent: any other stable pointer (weights outside the layers, tables, state).
 These are heuristics over what the dump shows; nothing here reads memory contents.
+
+`views` is not a heuristic: it groups pointer words that, in every forward they run in, point
+into one allocation at the same byte distances from each other -- one tensor and its views (a
+fused qkv output and the q, k and v slices kernels read), or one buffer used in place by several
+kernels (a residual stream through every layer). That is what a generator asserts its wiring on
+and what a compiler binds one buffer for, measured without reading memory.
 """
 
 from __future__ import annotations
@@ -40,10 +46,9 @@ def pointer_words(params: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return p[anyptr]
 
 
-def classify(params: pd.DataFrame, table: pd.DataFrame, index: pd.DataFrame
-             ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(pointer table: one row per site parameter word, per-layer stride table)."""
-    p = pointer_words(params, table)
+def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pointer table: one row per site parameter word, per-layer stride table) from the pointer
+    words of `pointer_words`."""
     if p.empty:
         cols = ["site", "symbol", "layer", "pos", "i", "at", "role", "forwards", "ptr_forwards",
                 "addresses", "buffer_id", "alloc_base", "alloc_size", "offset", "value"]
@@ -128,3 +133,87 @@ def logical_buffers(ptrs: pd.DataFrame) -> pd.DataFrame:
                         "sites": g["site"].nunique()}).reset_index()
     out["offsets_in_alloc"] = out.groupby("buffer_id")["offset"].transform("nunique")
     return out
+
+
+WORD = ["site", "i", "at"]
+VIEW_FORWARDS = 2
+VIEW_COLS = ["view", "forwards", "site", "i", "at", "delta", "anchor"]
+
+
+def _set_hash(keys: np.ndarray, values: pd.DataFrame) -> np.ndarray:
+    """Per group of `keys` (integer codes), a 64-bit hash of the set of its rows of `values`:
+    row hashes summed, so order does not matter and two different sets collide with odds 2^-64."""
+    h = pd.util.hash_pandas_object(values, index=False).to_numpy()
+    out = np.zeros(keys.max() + 1 if len(keys) else 0, dtype=np.uint64)
+    np.add.at(out, keys, h)
+    return out
+
+
+def views(p: pd.DataFrame) -> pd.DataFrame:
+    """Pointer words that are views of one buffer, one row per member (columns VIEW_COLS).
+
+    A view is a set of forwards F and the words that ran in every forward of F and, in each of
+    them, pointed into one allocation at the same byte distances from each other: one tensor and
+    its views (a fused qkv output and the q, k and v slices kernels read), or one buffer used in
+    place by several kernels (a residual through every layer). `delta` is a member's distance from
+    the lowest member (equal deltas: the same address); tensors an allocator placed side by side
+    for good (an engine's static buffers) are one view too, which is what they are to a binder. F is always exactly the forwards of some
+    member, its `anchor`: a relation between two words holds over the forwards both ran in when a
+    view holds them both and one of them is its anchor (a kernel skipped by a profile pass relates
+    to the ones that ran there over the forwards it ran in). Words whose forwards do not nest (one
+    in prefill only, one in decode only) share no view.
+
+    A word's forwards are those in which it was a pointer (attention's split-KV outputs are NULL
+    in prefill); only words with at least VIEW_FORWARDS of them take part (a distance seen once is
+    no constant: cuBLAS picks another kernel per shape, and its descriptor words would fill the
+    list), and a view has two members or more.
+
+    How, without comparing pairs: per distinct forward set F, every word running in all of F is
+    keyed by the set of (forward, allocation, offset minus its offset in F's first forward) over
+    F, hashed (`_set_hash`); equal keys are exactly the words that move together over F."""
+    w = p.loc[p["is_ptr"] & (p["buffer_id"] >= 0), WORD + ["forward", "buffer_id", "ptr_off", "seq"]]
+    w = w[w.groupby(WORD, observed=True)["forward"].transform("size").to_numpy() >= VIEW_FORWARDS]
+    if w.empty:
+        return pd.DataFrame(columns=VIEW_COLS)
+    w = w.sort_values(["forward"], kind="stable")
+    word = w.groupby(WORD, observed=True, sort=False).ngroup().to_numpy()
+    words = w.groupby(WORD, observed=True, sort=False).agg(first=("seq", "min"), n=("forward", "size")).reset_index()
+    fset = _set_hash(word, w[["forward"]])
+    fwd = w["forward"].to_numpy()
+    found = []
+    for key in np.unique(fset):
+        own = np.flatnonzero(fset == key)                  # the words whose forwards are F
+        F = np.unique(fwd[word == own[0]])
+        rows = np.flatnonzero(np.isin(fwd, F))
+        # the words present in all of F (their own sets contain it)
+        cnt = np.bincount(word[rows], minlength=len(words))
+        full = cnt == len(F)
+        rows = rows[full[word[rows]]]
+        wr = word[rows]
+        off = w["ptr_off"].to_numpy()[rows]
+        first_off = np.zeros(len(words), dtype=np.int64)
+        uniq, at_first = np.unique(wr, return_index=True)  # rows are by forward: F's first forward
+        first_off[uniq] = off[at_first]
+        moved = pd.DataFrame({"f": fwd[rows], "b": w["buffer_id"].to_numpy()[rows],
+                              "r": off - first_off[wr]})
+        k = _set_hash(wr, moved)
+        members = np.flatnonzero(full)
+        g = pd.DataFrame({"word": members, "key": k[members], "anchor": fset[members] == key})
+        g = g[g.groupby("key")["word"].transform("size") >= 2]
+        g = g[g.groupby("key")["anchor"].transform("any")]
+        if len(g):
+            g["delta"] = first_off[g["word"].to_numpy()]
+            g["delta"] -= g.groupby("key")["delta"].transform("min")
+            g["forwards"] = len(F)
+            found.append(g)
+    if not found:
+        return pd.DataFrame(columns=VIEW_COLS)
+    out = pd.concat(found, ignore_index=True)
+    out = out.join(words[WORD + ["first"]], on="word")
+    out["gkey"] = out["key"].astype(str) + ":" + out["forwards"].astype(str)
+    order = out.groupby("gkey")["first"].min().sort_values(kind="stable")
+    out["view"] = out["gkey"].map(pd.Series(np.arange(len(order)), index=order.index))
+    out["site"] = out["site"].astype(str)
+    out = out.sort_values(["view", "delta", "first", "i", "at"], kind="stable")
+    return out[VIEW_COLS].astype({"view": "int64", "forwards": "int64", "i": "int64", "at": "int64",
+                                  "delta": "int64", "anchor": bool}).reset_index(drop=True)

@@ -26,7 +26,7 @@ def forwards_table(a) -> pd.DataFrame:
     """Per forward: window, phase, launches (replayed ones), distinct kernels, tokens, its layer
     stack's pattern and what decided its start."""
     f = a.forwards
-    cols = ["forward", "window", "phase", "n_launches", "replayed", "n_kernels", "tokens", "pattern",
+    cols = ["forward", "window", "phase", "n_launches", "replayed", "n_kernels", "tokens", "tokens_from", "pattern",
             "cut_by", "confidence", "first_seq", "last_seq"]
     return f[[c for c in cols if c in f]]
 
@@ -146,6 +146,15 @@ def render(a, console: Console | None = None) -> None:
     if not a.strides.empty:
         _table(c, "Per-layer address strides", a.strides)
     _table(c, "Pointer roles", pointer_roles(a))
+    if len(a.views):
+        many = a.views.groupby("view").size()
+        c.print(f"buffer views: {len(many)} groups of pointer words in one allocation at constant "
+                f"distances in every forward ({int(many.sum())} words; largest {int(many.max())})")
+    f = a.forwards
+    graph = int((f["tokens_from"] == "graph").sum()) if "tokens_from" in f else 0
+    if graph:
+        c.print(f"{graph} forward(s) take their tokens from a CUDA-graph replay: the size the graph was "
+                "captured at (the real count is in device memory only)")
     if not a.fits.empty:
         st = a.fits["status"].value_counts().to_dict()
         c.print("fits: " + ", ".join(f"{k} {v}" for k, v in st.items())

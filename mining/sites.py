@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from mining.contract import SITE_SEP, site_name
 from mining.fit import fit
 
 GRID = ("grid_x", "grid_y", "grid_z")
@@ -74,7 +75,7 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
     counts["ok"] = counts["n"] == counts["modal"]
     t = t.merge(counts[["symbol", "forward", "ok"]], on=["symbol", "forward"], how="left")
     t = t.rename(columns={"ok": "kept"})
-    t["site"] = t["symbol"] + "#" + t["occ"].astype(str)
+    t["site"] = t["symbol"] + SITE_SEP + t["occ"].astype(str)
     kept = t[t["kept"]]
     idx = kept.groupby("site").agg(symbol=("symbol", "first"), occ=("occ", "first"),
                                    n_forwards=("forward", "nunique"), first_seq=("seq", "min"),
@@ -143,6 +144,21 @@ class Reference:
     axis: str | None
     tokens: pd.Series                  # forward -> tokens (only forwards where the reference ran)
     candidates: list[dict] = field(default_factory=list)
+
+
+def token_sources(sites: Sites, executed: pd.DataFrame | None, ref: Reference) -> pd.Series:
+    """forward -> where its tokens value comes from: `launch` (the reference kernel was launched
+    at that size) or `graph` (it ran from a CUDA-graph replay, so the value is the size the graph
+    was captured at: an engine pads a batch up to its nearest captured size, and the real count
+    then lives only in device memory, which a capture does not read)."""
+    if ref.symbol is None:
+        return pd.Series(dtype=object)
+    t = sites.table
+    m = (t["site"] == site_name(ref.symbol, 0)).to_numpy()
+    if executed is None or "xpos" not in t:
+        return pd.Series("launch", index=t["forward"].to_numpy()[m], dtype=object)
+    replayed = executed["replay"].to_numpy()[t["xpos"].to_numpy()[m]] >= 0
+    return pd.Series(np.where(replayed, "graph", "launch"), index=t["forward"].to_numpy()[m], dtype=object)
 
 
 def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,

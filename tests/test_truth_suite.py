@@ -65,6 +65,10 @@ def test_serving_forwards_are_the_requests(name):
     serve = f[f["phase"] == "serve"]
     assert serve["tokens"].tolist() == expected_forwards(truth)
     assert a.passes.method == "layer_stacks"
+    # an eager reference launch gives the real count; a replayed one says it is a graph's size
+    want = ["graph" if g else "launch" for g in
+            (f["graph"] for f in truth.get("forwards", []) if f["kind"] in ("prefill", "decode"))]
+    assert serve["tokens_from"].tolist() == (want or ["launch"] * len(serve))
     # every start-up pass precedes every request
     assert (f["phase"] == "startup").any()
     assert f[f["phase"] == "startup"]["forward"].max() < serve["forward"].min()
@@ -79,6 +83,8 @@ def test_graph_mode_forwards_are_the_requests(name):
     f = a.forwards
     serve = f[f["phase"] == "serve"]
     assert serve["tokens"].tolist() == [padded(n) for n in expected_forwards(truth)]
+    # and the analysis says so: every one of those values is a graph's capture size
+    assert (serve["tokens_from"] == "graph").all()
     assert (serve["replayed"] > 0).all()
     decode = serve[serve["tokens"] == 1]
     assert (decode["graph_execs"] == 1).all() and (decode["replayed"] > 0).all()
@@ -135,6 +141,40 @@ def test_planted_call_sites_of_each_layer(name):
         g = t[(t["forward"] == fw) & (t["layer_e"] >= 0)]
         got = [grp["symbol"].astype(str).tolist() for _, grp in g.groupby("layer_e")]
         assert got == [want[k] for k in truth["layer_kinds"]], fw
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_planted_data_flow(name):
+    """The buffer views equal the program's own data flow (truth `flow`: the buffer each pointer
+    parameter of each layer kernel names): every pair of words naming one buffer -- in a layer
+    or across layers -- is at distance 0, a layer's V cache rows at the planted distance from its
+    K rows, and words naming different buffers are never at one address."""
+    a, truth = analysed(name)
+    flow = truth["flow"]
+    rel = from_json(to_json(a)).relation()
+    words = []   # ((site, i, 0), buffer key)
+    idx = a.sites.index
+    for layer, kind in enumerate(truth["layer_kinds"]):
+        sites = idx[idx["layer"] == layer].sort_values("pos")["site"].tolist()
+        assert len(sites) == len(flow["layer"][kind])
+        for site, params in zip(sites, flow["layer"][kind]):
+            for i, buf in params.items():
+                words.append(((site, int(i), 0), (buf, layer if buf in flow["per_layer"] else None)))
+    assert len(words) > 10
+    same = apart = 0
+    for n, (w1, b1) in enumerate(words):
+        for w2, b2 in words[n + 1:]:
+            d = rel.distance(w1, w2)
+            if b1 == b2:
+                assert d == 0, (w1, w2, b1)
+                same += 1
+            elif b1[1] is not None and b1[1] == b2[1]:
+                kv = flow["kv1_minus_kv0"]
+                assert d == (kv if b1[0] == "kv0" else -kv), (w1, w2)
+            else:
+                assert d != 0, (w1, w2, b1, b2)
+                apart += 1
+    assert same > len(truth["layer_kinds"]) and apart > same
 
 
 @pytest.mark.parametrize("name", PLANTED)

@@ -36,6 +36,15 @@ BLOCK_T = 16
 LAYER_KERNELS = {"dense": ["norm_kernel", "proj_kernel", "act_kernel", "proj_kernel"],
                  "gated": ["norm_kernel", "kv_write_kernel", "kv_write_kernel", "attend_kernel",
                            "proj_kernel", "proj_kernel", "act_kernel", "proj_kernel"]}
+# the buffer each pointer parameter of those kernels names (Engine.forward), param index -> name,
+# weights left out: h the residual stream, x the normed activation, u/gt/a the MLP activations,
+# kv0/kv1 the layer's K and V cache rows, pos the staged position. Shared names are one buffer
+# in every layer; kv0/kv1 are the layer's own.
+LAYER_FLOW = {"dense": [{0: "h", 2: "x"}, {0: "x", 2: "u", 3: "u"}, {0: "u", 1: "gt", 2: "a"},
+                        {0: "a", 2: "h", 3: "h"}],
+              "gated": [{0: "h", 2: "x"}, {0: "x", 1: "kv0", 2: "pos"}, {0: "x", 1: "kv1", 2: "pos"},
+                        {0: "x", 1: "kv0", 2: "kv1", 3: "pos"}, {0: "x", 2: "u", 3: "u"},
+                        {0: "x", 2: "gt", 3: "gt"}, {0: "u", 1: "gt", 2: "a"}, {0: "a", 2: "h", 3: "h"}]}
 
 
 @triton.jit
@@ -223,7 +232,9 @@ def main() -> None:
                        "act_kernel": f"ceil_div(mul(tokens, {args.inter}), 1024)",
                        "step_stats_kernel": "1"},
              "weights": {"arena_stride": eng.stride, "kv_layer_stride": 2 * kv_ctx * args.hidden * 2},
-             "layer_kernels": LAYER_KERNELS}
+             "layer_kernels": LAYER_KERNELS,
+             "flow": {"layer": LAYER_FLOW, "per_layer": ["kv0", "kv1"],
+                      "kv1_minus_kv0": eng.kv[0, 1].data_ptr() - eng.kv[0, 0].data_ptr()}}
     torch.cuda.synchronize()
 
     def step(kind: str, T: int, pos0: int, graph=None) -> None:

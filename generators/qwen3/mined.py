@@ -8,11 +8,14 @@ norm), and returns per (phase, role) the one kernel instance it launches and how
 depends on the forward's token count. Forwards whose structure differs (profiling and warm-up
 passes that skip attention) are left out and counted.
 
-`check(...)` is the generator's wiring proved on the mined addresses: q/k/v views at their offsets
-of one fused qkv allocation, one residual address through all layers, per-layer weights distinct
-and stable across forwards, the KV pool shared by cache write and attention, rope in place on the
-normed q/k, reduce reading the 3D attention's segments. A mismatch raises `WiringMismatch`, one
-sentence naming the call site. Not checked: GEMM operands (cuBLAS launches carry no usable layout).
+The wiring the generator writes is proved over the analysis, never on raw addresses: `check`
+asks the analysis' buffer views (pointer words in one allocation at constant distances in every
+forward) for the q/k/v views at their offsets of the fused qkv output, one residual through all
+layers, rope in place on the normed q/k, the KV cache shared by the cache write and attention and
+distinct per layer, reduce reading the 3D attention's segments; `check_weights_distinct` its
+pointer records for weights bound once and distinct per layer; `check_kv_pool` its strides for one
+KV pool. A mismatch raises `WiringMismatch`, one sentence naming the call site. Not checked: GEMM
+operands (cuBLAS launches carry no usable layout).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
-from mining.contract import AnalysisDoc
+from mining.contract import AnalysisDoc, site_name
 
 
 class WiringMismatch(ValueError):
@@ -42,12 +45,12 @@ class Launch:
     smem: int
     sizes: tuple
     values: tuple          # little-endian value of each param's first min(size, 8) bytes
-    alloc: tuple           # per param: (buffer_id, ptr_off) when it points into an allocation, else None
     forward: int = -1
     tokens: int = 0
     seqs: int = 1          # sequences in the forward (attention's num_seqs); warm-ups batch many
     layer: int = -1
     role: str = ""
+    site_id: str = ""      # the analysis' name of its call site (`mining.contract.site_name`)
 
     def site(self) -> str:
         where = f"layer {self.layer} {self.role}" if self.layer >= 0 else self.role
@@ -102,10 +105,8 @@ def _launches(dump) -> list[Launch]:
     p = dump.params
     p = p[(~p["word"]) & p["seq"].isin(seqs)].sort_values(["seq", "i"], kind="stable")
     by_seq: dict[int, list] = {}
-    for seq, size, value, is_ptr, bid, off in zip(p["seq"].to_numpy(), p["size"].to_numpy(), p["value"].to_numpy(),
-                                                   p["is_ptr"].to_numpy(), p["buffer_id"].to_numpy(),
-                                                   p["ptr_off"].to_numpy()):
-        by_seq.setdefault(int(seq), []).append((int(size), int(value), (int(bid), int(off)) if is_ptr else None))
+    for seq, size, value in zip(p["seq"].to_numpy(), p["size"].to_numpy(), p["value"].to_numpy()):
+        by_seq.setdefault(int(seq), []).append((int(size), int(value)))
     out = []
     sha = df["sha256"].astype(str).to_numpy()
     cols = {c: df[c].to_numpy() for c in ("regs", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "smem")}
@@ -114,8 +115,7 @@ def _launches(dump) -> list[Launch]:
         out.append(Launch(int(df["seq"].iat[r]), tags[codes[r]], sym[r], sha[r], int(cols["regs"][r]),
                           (int(cols["grid_x"][r]), int(cols["grid_y"][r]), int(cols["grid_z"][r])),
                           (int(cols["block_x"][r]), int(cols["block_y"][r]), int(cols["block_z"][r])),
-                          int(cols["smem"][r]), tuple(s for s, _, _ in ps), tuple(v for _, v, _ in ps),
-                          tuple(a for _, _, a in ps)))
+                          int(cols["smem"][r]), tuple(s for s, _ in ps), tuple(v for _, v in ps)))
     return out
 
 
@@ -179,6 +179,10 @@ def forwards(launches: list[Launch], forward_of: dict[int, int], cfg) -> tuple[l
             by.setdefault(f, []).append(x)
     out, skipped = [], 0
     for f in sorted(by):
+        occ: dict[str, int] = {}
+        for x in by[f]:   # every launch of a tagged symbol is here, so this is the analysis' occurrence
+            x.site_id = site_name(x.symbol, occ.setdefault(x.symbol, 0))
+            occ[x.symbol] += 1
         fwd = _walk(by[f], cfg)
         if fwd is None:
             skipped += 1
@@ -373,90 +377,79 @@ def _check_scalar(inst: Instance, i: int, w) -> None:
                              f"the Qwen3 layout the generator writes needs {shown}")
 
 
-# ------------------------------------------------------------------ the wiring, proved on addresses
-def _same(a: Launch, i: int, b: Launch, j: int, what: str) -> None:
-    if a.values[i] != b.values[j]:
-        raise WiringMismatch(f"{a.site()}: {what} is {a.values[i]:#x}, but the generator wires it to the same buffer "
-                             f"as param #{j} of layer {b.layer} {b.role} ({b.values[j]:#x})")
+# ------------------------------------------------------------------ the wiring, proved on the analysis' views
+class _Views:
+    """The analysis' buffer views (`mining.pointers.views`) as the generator asks about them: is
+    param `i` of one launch the same buffer as, or a view at a byte offset of, another's, in every
+    forward both ran in."""
 
+    def __init__(self, doc: AnalysisDoc):
+        self.rel = doc.relation()
 
-def _view(a: Launch, i: int, base: Launch, j: int, off: int, what: str) -> None:
-    if a.alloc[i] is None or base.alloc[j] is None or a.alloc[i][0] != base.alloc[j][0] \
-            or a.alloc[i][1] - base.alloc[j][1] != off:
-        got = "outside any allocation" if a.alloc[i] is None or base.alloc[j] is None else (
-            f"at byte {a.alloc[i][1] - base.alloc[j][1]} of it" if a.alloc[i][0] == base.alloc[j][0] else "in another allocation")
-        raise WiringMismatch(f"{a.site()}: {what} should be the fused qkv buffer at byte {off} of the q view, "
+    def distance(self, base: Launch, j: int, a: Launch, i: int) -> int | None:
+        return self.rel.distance((base.site_id, j, 0), (a.site_id, i, 0))
+
+    def same(self, a: Launch, i: int, b: Launch, j: int, what: str) -> None:
+        self.at(a, i, b, j, 0, what, f"the same buffer as param #{j} of layer {b.layer} {b.role}")
+
+    def at(self, a: Launch, i: int, base: Launch, j: int, off: int, what: str, want: str | None = None) -> None:
+        want = want or f"param #{j} of layer {base.layer} {base.role} + {off} bytes"
+        d = self.distance(base, j, a, i)
+        if d == off:
+            return
+        got = ("at no constant distance from it in the forwards both ran in (no view of the analysis holds both)"
+               if d is None else f"at {d:+d} bytes from it")
+        raise WiringMismatch(f"{a.site()}: {what} (param #{i}, analysis site {a.site_id}) should be {want}, "
                              f"but it is {got}")
 
 
-def check(fwd: list[Launch], cfg) -> None:
-    """Every address relation the generated wiring relies on, for one forward."""
+def check(fwd: list[Launch], cfg, views: _Views) -> None:
+    """Every address relation the generated wiring relies on, for one forward's call sites, as
+    facts of the analysis (each relation held in every forward the two sites ran in)."""
     layers: dict[int, dict[str, Launch]] = {}
     for x in fwd:
         layers.setdefault(x.layer, {})
         layers[x.layer][x.role] = x
     residual = layers[0]["in_norm"]
-    caches, weights = set(), {}
+    caches: list[Launch] = []
     for layer in range(cfg.layers):
         s = layers[layer]
         qn, kn, rope, cache = s["q_norm"], s["k_norm"], s["rope"], s["cache"]
         attn = s.get("attn") or s["attn3d"]
         norm_in = s["in_norm"] if layer == 0 else s["add_norm"]
         if layer > 0:
-            _same(norm_in, 2, residual, 1, "the residual")
-        _same(s["post_norm"], 2, residual, 1, "the residual")
-        _view(kn, 1, qn, 1, 2 * cfg.q_size, "the k-norm input")
-        _view(cache, 1, qn, 1, 2 * (cfg.q_size + cfg.kv_size), "the cached value")
-        _same(rope, 1, qn, 0, "rope's query (in place on the normed q)")
-        _same(rope, 2, kn, 0, "rope's key (in place on the normed k)")
-        _same(cache, 0, kn, 0, "the cached key")
-        _same(attn, 1, qn, 0, "the attention query")
-        _same(attn, 2, cache, 2, "the attention's key cache")
-        _same(attn, 3, cache, 3, "the attention's value cache")
-        _same(attn, 7, cache, 5, "the attention's k scale")
-        _same(attn, 8, cache, 6, "the attention's v scale")
-        _same(attn, 17, attn, 5, "the attention's prefix-length pointer")
-        if cache.values[3] - cache.values[2] != 2 * cfg.head_dim:
-            raise WiringMismatch(f"{cache.site()}: the value cache is {cache.values[3] - cache.values[2]} bytes past "
-                                 f"the key cache, the generated KV state puts it at {2 * cfg.head_dim}")
-        if cache.values[2] in caches:
-            raise WiringMismatch(f"{cache.site()}: writes a KV cache another layer already uses; the manifest "
-                                 "gives every layer its own state")
-        caches.add(cache.values[2])
+            views.same(norm_in, 2, residual, 1, "the residual")
+        views.same(s["post_norm"], 2, residual, 1, "the residual")
+        views.at(kn, 1, qn, 1, 2 * cfg.q_size, "the k-norm input (the k view of the fused qkv)")
+        views.at(cache, 1, qn, 1, 2 * (cfg.q_size + cfg.kv_size), "the cached value (the v view of the fused qkv)")
+        views.same(rope, 1, qn, 0, "rope's query (in place on the normed q)")
+        views.same(rope, 2, kn, 0, "rope's key (in place on the normed k)")
+        views.same(cache, 0, kn, 0, "the cached key")
+        views.same(attn, 1, qn, 0, "the attention query")
+        views.same(attn, 2, cache, 2, "the attention's key cache")
+        views.same(attn, 3, cache, 3, "the attention's value cache")
+        views.same(attn, 7, cache, 5, "the attention's k scale")
+        views.same(attn, 8, cache, 6, "the attention's v scale")
+        views.same(attn, 17, attn, 5, "the attention's prefix-length pointer")
+        views.at(cache, 3, cache, 2, 2 * cfg.head_dim, "the value cache",
+                 f"{2 * cfg.head_dim} bytes past the key cache (the generated KV state's layout)")
+        for other in caches:
+            if views.distance(other, 2, cache, 2) == 0:
+                raise WiringMismatch(f"{cache.site()}: writes the KV cache layer {other.layer} writes; the "
+                                     "manifest gives every layer its own state")
+        caches.append(cache)
         if "reduce" in s:
             red = s["reduce"]
             for i, j, what in ((0, 0, "the output"), (1, 26, "the segment outputs"), (2, 27, "the segment maxima"),
                                (3, 28, "the segment sums"), (4, 5, "the sequence lengths"), (9, 24, "the query starts")):
-                _same(red, i, attn, j, what)
+                views.same(red, i, attn, j, what)
         if layer > 0:
             prev = layers[layer - 1]
-            _same(rope, 0, prev["rope"], 0, "the positions")
-            _same(rope, 3, prev["rope"], 3, "the rope cos/sin cache")
-            _same(attn, 5, (prev.get("attn") or prev["attn3d"]), 5, "the sequence lengths")
-        for role, x, i in (("input norm", norm_in, 7 if layer == 0 else 3), ("post norm", s["post_norm"], 3),
-                           ("q norm", qn, 7), ("k norm", kn, 7)):
-            w = x.values[i]
-            if w in weights:
-                raise WiringMismatch(f"{x.site()}: the {role} weight {w:#x} is also the {weights[w]}'s; the "
-                                     "manifest binds a distinct tensor per layer")
-            weights[w] = f"layer {layer} {role}"
+            views.same(rope, 0, prev["rope"], 0, "the positions")
+            views.same(rope, 3, prev["rope"], 3, "the rope cos/sin cache")
+            views.same(attn, 5, (prev.get("attn") or prev["attn3d"]), 5, "the sequence lengths")
     final = layers[-1]["final_norm"]
-    _same(final, 2, residual, 1, "the residual")
-
-
-def _check_stable(fwds: list[list[Launch]]) -> None:
-    """Weights do not move between forwards: a call site's weight address is the same in all of them."""
-    seen: dict[tuple, Launch] = {}
-    idx = {"in_norm": 7, "q_norm": 7, "k_norm": 7, "add_norm": 3, "post_norm": 3, "final_norm": 3, "rope": 3}
-    for fwd in fwds:
-        for n, x in enumerate(fwd):
-            if x.role not in idx:
-                continue
-            key = (x.layer, x.role, sum(1 for y in fwd[:n] if y.layer == x.layer and y.role == x.role))
-            if key in seen and seen[key].values[idx[x.role]] != x.values[idx[x.role]]:
-                raise WiringMismatch(f"{x.site()}: its weight moved from {seen[key].values[idx[x.role]]:#x} "
-                                     f"(forward {seen[key].forward}); weights are bound once at load")
-            seen.setdefault(key, x)
+    views.same(final, 2, residual, 1, "the residual")
 
 
 # ------------------------------------------------------------------ entry point
@@ -508,16 +501,22 @@ def check_kv_pool(doc: AnalysisDoc, cfg) -> None:
 
 
 def check_weights_distinct(doc: AnalysisDoc) -> None:
-    """Over the analysis: the norm weights this generator binds per layer (rms_norm's and
-    fused_add_rms_norm's weight words; GEMM operands are not bound) are no other layer's: the
-    manifest binds a distinct tensor per layer. Names both call sites."""
+    """Over the analysis: the weights this generator binds (rms_norm's and fused_add_rms_norm's
+    weight words, rope's cos/sin cache; GEMM operands are not bound) are at one address in every
+    forward (bound once at load), and a layer's norm weight is no other layer's (the manifest
+    binds a distinct tensor per layer). Names the call sites."""
     seen: dict[tuple, object] = {}
-    bound = {("rms", 7), ("fadd", 3)}
+    per_layer = {("rms", 7), ("fadd", 3)}
     for ptr in doc.pointers:
-        if ptr.role != "weight" or ptr.layer < 0 or (tag(ptr.symbol), ptr.i) not in bound:
+        which = (tag(ptr.symbol), ptr.i)
+        if ptr.at != 0 or which not in per_layer | {("rope", 3)}:
             continue
-        key = (ptr.value, ptr.i, ptr.at)
-        other = seen.setdefault(key, ptr)
+        if ptr.addresses != 1 or ptr.ptr_forwards != ptr.forwards:
+            raise WiringMismatch(f"call site {ptr.site} (layer {ptr.layer}): its weight (param #{ptr.i}) is at "
+                                 f"{ptr.addresses} addresses over {ptr.forwards} forwards; weights are bound once at load")
+        if which not in per_layer or ptr.layer < 0:
+            continue
+        other = seen.setdefault((ptr.value, ptr.i), ptr)
         if other.layer != ptr.layer:
             raise WiringMismatch(f"call site {ptr.site} (layer {ptr.layer}) takes the weight {ptr.value} that "
                                  f"call site {other.site} (layer {other.layer}) takes too; the manifest binds "
@@ -542,9 +541,9 @@ def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
         have = ", ".join(sorted(phases)) or "none"
         raise WiringMismatch(f"{dump.source}: needs whole prefill and decode forwards of a {cfg.layers}-layer Qwen3 "
                              f"(found {len(fwds)} forward(s), phases: {have}; {skipped} partial)")
+    views = _Views(doc)
     for fwd in fwds:
-        check(fwd, cfg)
-    _check_stable(fwds)
+        check(fwd, cfg, views)
     check_kv_pool(doc, cfg)
     check_weights_distinct(doc)
     inst = _instances(fwds)
