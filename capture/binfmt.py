@@ -54,27 +54,90 @@ def api_name(code: int) -> str:
 
 
 # ------------------------------------------------------------------ finding the records
+# The ranges a header field must lie in (docs/dump-format.md "Reading damaged dumps"). Each is a
+# bound the writer (capture/src/record.c) cannot exceed, so a record outside one is damage.
+MAX_ATTRS = 64              # record.c keeps at most 64 launch attributes
+MAX_BLOB = 32768            # MC_PARAM_MAX: the most parameter bytes a record holds
+MAX_HOST = 8                # MC_HOST_WORDS: host sections per record
+MAX_POINTEE = 4096          # MINE_CAPTURE_HOST_BYTES is capped there
+MAX_SEQ = 1 << 62           # far above any count of launches; below int64's limit
+MAX_DEV = 128             # the frames hold dev as int8
+
+
+def _valid(u8: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Which 8-aligned positions `start` (magic at +4) hold a header whose every field lies in its
+    documented range and whose len is exactly the sum of its parts (header, attributes, padded
+    blob, host sections). One vectorised pass; the host sections are walked section by section
+    for all candidates together (at most MAX_HOST steps)."""
+    n = len(u8)
+    n8 = n - n % 8
+    w32 = u8[:n8].view("<u4")
+    w64 = u8[:n8].view("<u8")
+    q = start // 4
+    ln = w32[q].astype(np.int64)
+    ok = (ln % 8 == 0) & (ln >= HEADER) & (ln <= n8 - start)
+    b = w32[q + 25]                       # api, flags, nattrs, nhost (bytes 100-103)
+    api, flags, nattrs, nhost = b & 0xFF, (b >> 8) & 0xFF, (b >> 16) & 0xFF, b >> 24
+    blob_len = w32[q + 26].astype(np.int64)
+    e = start // 8
+    graph_ok = ((flags & F_GRAPH) != 0) | ((w64[e + 6] == 0) & (w64[e + 7] == 0))
+    result = w32[q + 17].view("<i4")
+    dev = w32[q + 7].view("<i4")
+    ok &= (w32[q + 27] == 0) & (api < len(API_NAMES)) & (flags < 8) & (nattrs <= MAX_ATTRS)
+    ok &= (nhost <= MAX_HOST) & (blob_len <= MAX_BLOB) & graph_ok & (w64[e + 1] < MAX_SEQ)
+    ok &= (dev >= -1) & (dev < MAX_DEV)
+    ok &= (w32[q + 16] < (1 << 31)) & (w32[q + 6] < (1 << 31))   # fn, tid
+    # a launch the driver accepted (result 0) had a shape the driver accepts
+    g = [w32[q + 18 + k].astype(np.int64) for k in range(6)]
+    shape = (g[0] >= 1) & (g[0] < 1 << 31) & (g[1] >= 1) & (g[1] < 1 << 16) & (g[2] >= 1) & (g[2] < 1 << 16)
+    shape &= (g[3] >= 1) & (g[4] >= 1) & (g[5] >= 1) & (g[3] <= 1024) & (g[4] <= 1024) & (g[5] <= 64)
+    shape &= g[3] * g[4] * g[5] <= 1024
+    shape &= w32[q + 24] < (1 << 24)      # smem
+    ok &= (result != 0) | shape
+    # exact length: walk the host sections of every candidate that is still plausible
+    end = start + ln
+    pos = start + HEADER + ATTR * nattrs.astype(np.int64) + _pad8(blob_len)
+    ok &= pos <= end
+    for k in range(MAX_HOST):
+        live = ok & (nhost > k)
+        if not live.any():
+            break
+        live &= pos + 16 <= end
+        ok &= live | (nhost <= k)
+        idx = np.flatnonzero(live)
+        pq = pos[idx] // 4
+        at = w32[pq].astype(np.int64)
+        cnt = w32[pq + 1].astype(np.int64)
+        good = (at % 8 == 0) & (at + 8 <= blob_len[idx]) & (cnt <= MAX_POINTEE)
+        ok[idx] &= good
+        pos[idx] += 16 + _pad8(cnt)
+    return ok & (pos == end)
+
+
 def _candidates(u8: np.ndarray):
-    """Every 8-aligned position with the magic at +4 and a sane len: (starts, lens, seqs)."""
+    """Every 8-aligned position holding a valid header (`_valid`): (starts, lens, seqs)."""
     n = len(u8)
     n8 = n - n % 8
     w32 = u8[:n8].view("<u4")
     k = np.flatnonzero(w32[1::2] == MAGIC)
     start = 8 * k.astype(np.int64)
-    ln = w32[2 * k].astype(np.int64)
-    ok = (ln % 8 == 0) & (ln >= HEADER) & (ln <= n - start)
-    start, ln = start[ok], ln[ok]
-    seq = u8[:n8].view("<u8")[start // 8 + 1]
+    start = start[start + HEADER <= n8]
+    start = start[_valid(u8, start)] if len(start) else start
+    ln = w32[start // 4].astype(np.int64)
+    seq = u8[:n8].view("<u8")[start // 8 + 1].astype(np.int64)
     return start, ln, seq
 
 
 class Scan(tuple):
-    """What `scan` found: unpacks as (offsets, damaged); also `.offsets`, `.damaged` and `.seq`
-    (the records' seq numbers, uint64)."""
+    """What `scan` found: unpacks as (offsets, damaged); also `.offsets`, `.damaged` (records lost:
+    seq numbers missing between the records read, plus one per damaged stretch after the last
+    record read), `.seq` (the records' seq numbers, uint64) and `.skips`: every byte range that was
+    not read, as (start, end, reason, records lost in it; None where no record follows to tell)."""
 
-    def __new__(cls, offsets: np.ndarray, damaged: int, seq: np.ndarray):
+    def __new__(cls, offsets: np.ndarray, damaged: int, seq: np.ndarray, skips=()):
         self = super().__new__(cls, (offsets, damaged))
         self.seq = seq
+        self.skips = list(skips)
         return self
 
     offsets = property(lambda self: self[0])
@@ -82,52 +145,71 @@ class Scan(tuple):
 
 
 def scan(data) -> Scan:
-    """Record start offsets (int64, file order) and the number of damaged records (reader rule of
-    docs/dump-format.md "Commit order and damage"). `data`: the file's bytes, or its path."""
+    """Record start offsets (int64, file order) and the records lost to damage (reader rule of
+    docs/dump-format.md "Reading damaged dumps"). `data`: the file's bytes, or its path.
+
+    Fast path (an undamaged file): the valid headers chain from offset 0 to the end (or to the NUL
+    tail) and their seq rises by one from record to record; checked with a few vector operations.
+    Otherwise the file is walked by chains: a chain of abutting records whose seq rises by one is
+    taken whole; where the walk meets a position that does not continue it (no valid header, or
+    one whose seq does not follow), reading resumes at the first valid header after it whose seq
+    continues the sequence: above the last good one by at most one plus the bytes skipped / 112
+    (every lost record took at least a header's bytes). The seq gap is the number of records lost."""
     if isinstance(data, (str, os.PathLike)):
         data = Path(data).read_bytes()
     u8 = np.frombuffer(data, np.uint8)
     n = len(u8)
     C, L, S = _candidates(u8)
     nxt = C + L
-    breaks = np.flatnonzero(nxt[:-1] != C[1:])       # record i does not chain into i + 1
-    runs, damaged, p, last = [], 0, 0, None
-    while p < n:
+    # breaks: record i does not chain into i + 1, by position or by seq
+    breaks = np.flatnonzero((nxt[:-1] != C[1:]) | (S[1:] != S[:-1] + 1))
+    if len(C) and C[0] == 0 and S[0] == 0 and not len(breaks) and not u8[int(nxt[-1]):].any():
+        return Scan(C, 0, S.astype(np.uint64), [])
+    tail = n - int(np.argmax(u8[::-1] != 0)) if u8.any() else 0   # where the NUL tail starts
+    runs, skips, lost, p, last = [], [], 0, 0, -1
+    first = True
+    while p < tail:
         k = int(np.searchsorted(C, p))
-        if k < len(C) and C[k] == p:                   # a header: take its whole chain at once
+        if k < len(C) and C[k] == p and (S[k] == last + 1 or (first and _confirmed(k, breaks, len(C)))):
             b = int(np.searchsorted(breaks, k))
             end = int(breaks[b]) if b < len(breaks) else len(C) - 1
             runs.append((k, end + 1))
-            last, p = int(S[end]), int(nxt[end])
+            last, p, first = int(S[end]), int(nxt[end]), False
             continue
-        if not u8[p:].any():                           # the NUL tail: not a record
-            break
-        damaged += 1
-        j = _resync(S, int(np.searchsorted(C, p, side="right")), last)
+        j = _resync(C, S, k + (k < len(C) and C[k] == p), last, p)
         if j < 0:
+            skips.append((p, tail, _why(u8, p, tail, "no valid record follows; the rest of the file "
+                                     "is unread"), None))
+            lost += 1
             break
-        p = int(C[j])
+        gap = int(S[j]) - last - 1
+        skips.append((p, int(C[j]), _why(u8, p, int(C[j]), "damaged record(s); reading resumed at the next "
+                                         "valid header whose seq continues the sequence"), gap))
+        lost += gap
+        p, last, first = int(C[j]), int(S[j]) - 1, False
     offs = np.concatenate([C[a:b] for a, b in runs]) if runs else np.zeros(0, np.int64)
-    if len(offs):   # a record whose attributes and blob overrun its len is not a record either
-        w32 = u8[:len(u8) - len(u8) % 8].view("<u4")
-        ln = w32[offs // 4].astype(np.int64)
-        nattrs = (w32[offs // 4 + 25] >> 16) & 0xFF
-        blob_len = w32[offs // 4 + 26].astype(np.int64)
-        fits = HEADER + ATTR * nattrs + _pad8(blob_len) <= ln
-        damaged += int((~fits).sum())
-        offs = offs[fits]
-    offs = offs.astype(np.int64)
-    return Scan(offs, damaged, u8[:len(u8) - len(u8) % 8].view("<u8")[offs // 8 + 1])
+    seqs = np.concatenate([S[a:b] for a, b in runs]) if runs else np.zeros(0, np.int64)
+    return Scan(offs.astype(np.int64), lost, seqs.astype(np.uint64), skips)
 
 
-def _resync(S: np.ndarray, j: int, last: int | None) -> int:
-    """First candidate index >= j whose seq exceeds `last` (-1: none); windows double, so a long
-    stretch of stale headers costs a few vector compares."""
-    if last is None:
-        return j if j < len(S) else -1
+def _confirmed(k: int, breaks: np.ndarray, n: int) -> bool:
+    """The first record of a file may start anywhere in seq when its successor continues it."""
+    b = int(np.searchsorted(breaks, k))
+    return (int(breaks[b]) if b < len(breaks) else n - 1) > k
+
+
+def _why(u8: np.ndarray, a: int, b: int, reason: str) -> str:
+    return ("NUL bytes (a record in flight when the writer died); " + reason) if not u8[a:b].any() else reason
+
+
+def _resync(C: np.ndarray, S: np.ndarray, j: int, last: int, p: int) -> int:
+    """First candidate index >= j whose seq continues the sequence after `last` given the bytes
+    skipped from `p` (-1: none); windows double, so a long stretch of stale headers costs a few
+    vector compares."""
     w = 64
     while j < len(S):
-        hit = np.flatnonzero(S[j:j + w] > np.uint64(last))
+        s, c = S[j:j + w], C[j:j + w]
+        hit = np.flatnonzero((s > last) & (s - last - 1 <= (c - p) // HEADER))
         if len(hit):
             return j + int(hit[0])
         j += w

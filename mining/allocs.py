@@ -29,7 +29,6 @@ until its address is reused; meta.json counters.alloc_dropped says when records 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from mining import schema
+from mining.damage import FileReport
 
 ALLOC_LOG = "allocs.jsonl"
 CREATE = ("alloc", "map", "ipc_open", "import", "ext_map", "gfx_map")
@@ -48,36 +48,40 @@ NEVER = np.iinfo(np.int64).max
 PLAUSIBLE_LO, PLAUSIBLE_HI = 0x10000, 0x800000000000   # as the capture's filter (alloc.c)
 
 
-def read_alloc_log(path: Path, warnings: list[str]) -> pd.DataFrame:
+def _valid_events(t: pa.Table) -> np.ndarray:
+    """Which allocs.jsonl records have every field inside its documented range: seq_before and
+    t_ns non-negative, size absent or non-negative, base absent or a '0x' hex number of at most
+    16 digits, event and api present (docs/dump-format.md "Allocation log")."""
+    import pyarrow.compute as pc
+
+    def ints(name, default):
+        return np.asarray(t.column(name).fill_null(default).to_numpy(), np.int64)
+
+    if t.num_rows == 0:
+        return np.zeros(0, bool)
+    sb = t.column("seq_before")
+    ok = sb.is_valid().to_numpy(zero_copy_only=False).copy()
+    ok &= (ints("seq_before", 0) >= 0) & (ints("seq_before", 0) < 1 << 62)
+    ok &= (ints("t_ns", 0) >= 0) & (ints("size", 0) >= -1) & (ints("id", -1) >= -1)
+    ok &= (ints("order", 0) >= -1)
+    ok &= t.column("event").is_valid().to_numpy(zero_copy_only=False)
+    base = t.column("base")
+    good = pc.match_substring_regex(base.fill_null("0x0"), r"^0x[0-9a-fA-F]{1,16}$")
+    ok &= good.to_numpy(zero_copy_only=False)
+    return ok
+
+
+def read_alloc_log(path: Path, warnings: list[str], report: FileReport | None = None) -> pd.DataFrame:
     """allocs.jsonl -> one row per event (schema.ALLOC_COLUMNS), in file order; tolerant of a
-    truncated last line, NUL bytes and unparsable lines (dropped and counted in `warnings`)."""
-    data = Path(path).read_bytes()
-    if b"\0" in data:  # the reader rule of docs/dump-format.md "Writers"
-        data = b"\n".join(line.rpartition(b"\0")[2] for line in data.split(b"\n"))
-    lines = data.split(b"\n")
-    if lines and lines[-1].strip():
-        warnings.append(f"{Path(path).name}: dropped a truncated last line ({len(lines[-1])} bytes)")
-    body = b"\n".join(x for x in lines[:-1] if x.strip())
+    truncated last line, NUL bytes, unparsable lines and records with a field outside its range
+    (dropped, counted in `warnings` and reported per line in `report`)."""
+    from mining.jsonl import read_lines_file  # not at the top: mining.jsonl imports this module
+
     opts = pj.ParseOptions(explicit_schema=schema.ALLOC_RECORD, unexpected_field_behavior="ignore")
-    if body:
-        try:
-            t = pj.read_json(pa.py_buffer(body + b"\n"), parse_options=opts)
-        except pa.ArrowInvalid:
-            good, bad = [], 0
-            for x in body.split(b"\n"):
-                try:
-                    r = json.loads(x)
-                    if not isinstance(r, dict) or not isinstance(r.get("seq_before"), int):
-                        raise ValueError
-                    pj.read_json(pa.py_buffer(x + b"\n"), parse_options=opts)
-                    good.append(x)
-                except (ValueError, pa.ArrowException):
-                    bad += 1
-            warnings.append(f"{Path(path).name}: dropped {bad} unparsable line(s)")
-            t = pj.read_json(pa.py_buffer(b"\n".join(good) + b"\n"), parse_options=opts) if good \
-                else pa.Table.from_pylist([], schema=schema.ALLOC_RECORD)
-    else:
-        t = pa.Table.from_pylist([], schema=schema.ALLOC_RECORD)
+    t, rep = read_lines_file(Path(path).name, Path(path).read_bytes(), opts, _valid_events, warnings,
+                             "allocation event(s)")
+    if report is not None:
+        report.merge(rep)
     return _frame(t)
 
 

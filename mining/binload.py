@@ -10,8 +10,11 @@ their headers decoded by `capture/binfmt.py` (numpy), parameter hex strings are 
 blobs with one gather and a 256-entry two-character table straight into an arrow string buffer.
 Host-pointee sections and launch attributes are not read: no frame column comes from them.
 
-Damage (`binfmt.scan`, the reader rule): damaged records are skipped and counted in one warning; the
-mmap writer's NUL tail is not a record. Records naming a function functions.jsonl lacks are dropped
+Damage (`binfmt.scan`, the reader rule of docs/dump-format.md "Reading damaged dumps"): every
+header field is checked against its documented range and the record's len against the sum of its
+parts; damaged records are skipped, reading resumes at the next valid header whose seq continues the
+sequence, and each skipped byte range goes into the file's `FileReport` (mining/damage.py) with the
+records it held (the seq gap), plus one warning; the mmap writer's NUL tail is not a record. Records naming a function functions.jsonl lacks are dropped
 by `expand` and counted as for JSON. Refused (`DumpError`): a file that cannot be read, and one
 that holds no record.
 """
@@ -28,6 +31,7 @@ import pyarrow as pa
 
 from capture.binfmt import API_NAMES, F_EXTRA, F_GRAPH, F_NOBYTES, HEADER, headers, scan
 from mining.allocs import Offline
+from mining.damage import FileReport
 from mining.errors import DumpError
 from mining.frames import READ_SCHEMA, launch_part, param_part
 from mining.functions import Functions, expand
@@ -46,7 +50,7 @@ _PACKING = pa.array(["params", "extra"], pa.string())
 
 
 def read_bin_frames(src: Path, warnings: list[str], offline: Offline | None, fns: Functions, *,
-                    chunk: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    chunk: int, report: FileReport | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """launches.bin (plain or .gz/.xz/.zst) -> (launches, params); `chunk`: the JSON reader's task size.
 
     The whole file is read once to find the records; a plain file is then let go and each task
@@ -54,10 +58,16 @@ def read_bin_frames(src: Path, warnings: list[str], offline: Offline | None, fns
     the growing frames."""
     plain = not src.name.endswith((".xz", ".gz", ".zst"))
     data = _read(src)
-    offs, damaged = scan(data)
-    if damaged:
-        warnings.append(f"dropped {damaged} damaged record(s) of {src.name} (a writer died "
-                        f"mid-record; reading resumed at the next whole record)")
+    sc = scan(data)
+    offs = sc.offsets
+    rep = report if report is not None else FileReport(src.name)
+    rep.read += len(offs)
+    for a, b, why, lost in sc.skips:
+        # lost None: nothing after the damage tells how many records it held (at least one)
+        rep.skip(a, b, why, 1 if lost is None else lost, exact=lost is not None)
+    if sc.skips:
+        warnings.append(f"dropped {sc.damaged} damaged record(s) of {src.name} in {len(sc.skips)} "
+                        f"damaged range(s); reading resumed at the next valid record each time")
     if not len(offs):
         raise DumpError(f"{src}: holds no launch records")
     ends = offs + np.frombuffer(data, "<u4", count=len(data) // 4)[offs // 4]

@@ -2,7 +2,8 @@
 
 Why: parsing the JSON is the slow part of a load (`mining/jsonl.py`); a second load of the same
 files reads the frames back from `<pid dir>/.mine-cache/` instead (lz4 parquet, plus the load's
-warnings as JSON). The key is the launch file's name (launches.jsonl or launches.bin, plain or
+warnings and the launch file's damage report as JSON, mining/damage.py). The key is the launch
+file's name (launches.jsonl or launches.bin, plain or
 compressed), size and mtime, schema.FRAME_VERSION, and the size and mtime of allocs.jsonl and
 functions.jsonl when present (the frames depend on both); writing a new key removes the launch
 file's older entries.
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from mining import schema
 from mining.allocs import ALLOC_LOG
+from mining.damage import FileReport
 from mining.functions import FUNCTIONS
 
 
@@ -47,12 +49,17 @@ def read_cache(src: Path):
     if not all(f.is_file() for f in files) or not note.is_file():
         return None
     try:
-        return (pd.read_parquet(files[0]), pd.read_parquet(files[1]), json.loads(note.read_text()))
-    except (OSError, ValueError, pa.ArrowException):
+        note_v = json.loads(note.read_text())
+        if not isinstance(note_v, dict):   # an entry from before the damage report: a miss
+            return None
+        report = FileReport.from_json(note_v["damage"])
+        return (pd.read_parquet(files[0]), pd.read_parquet(files[1]), list(note_v["warnings"]), report)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
 
 
-def write_cache(src: Path, launches: pd.DataFrame, params: pd.DataFrame, warnings: list[str]):
+def write_cache(src: Path, launches: pd.DataFrame, params: pd.DataFrame, warnings: list[str],
+                report: FileReport):
     folder, key = _cache_paths(src)
     try:
         folder.mkdir(exist_ok=True)
@@ -63,6 +70,7 @@ def write_cache(src: Path, launches: pd.DataFrame, params: pd.DataFrame, warning
         launches.to_parquet(folder / f"{key}.launches.parquet", index=False, compression="lz4")
         params.to_parquet(folder / f"{key}.params.parquet", index=False, compression="lz4",
                           use_dictionary=False)
-        (folder / f"{key}.warnings.json").write_text(json.dumps(warnings))
+        (folder / f"{key}.warnings.json").write_text(json.dumps({"warnings": warnings,
+                                                                 "damage": report.to_json()}))
     except OSError:
         pass  # a read-only dump is still readable; it is just not cached

@@ -46,6 +46,92 @@ def _read_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
+# ------------------------------------------------------------------ documented ranges
+# What a launch record's fields may hold (docs/dump-format.md "Reading damaged dumps"): the bounds
+# the capture cannot exceed, which are also what the frames' dtypes (schema.py) hold. The binary
+# reader checks the same bounds on its headers (capture/binfmt.py `_valid`).
+MAX_SEQ = 1 << 62
+MAX_PARAMS = 4096          # a parameter buffer is at most 32,764 bytes
+MAX_PARAM_BYTES = 32768
+
+
+def _ints(col, default) -> np.ndarray:
+    return np.asarray(_one_chunk(pc.fill_null(col, default)).to_numpy(zero_copy_only=False), np.int64)
+
+
+def valid_rows(t: pa.Table) -> np.ndarray:
+    """Which records of a parsed chunk have every field the frames are built from inside its
+    documented range (a record outside one is damage, never a value to wrap into a dtype).
+    Vectorised over the chunk; nested params checked through their flattened arrays."""
+    n = t.num_rows
+    if n == 0:
+        return np.zeros(0, bool)
+    seq = t.column("seq")
+    ok = _one_chunk(seq.is_valid()).to_numpy(zero_copy_only=False).copy()
+    sq = _ints(seq, 0)
+    ok &= (sq >= 0) & (sq < MAX_SEQ)
+    named = pc.or_(pc.is_valid(t.column("symbol")), pc.is_valid(t.column("fn")))
+    ok &= _one_chunk(named).to_numpy(zero_copy_only=False)   # a launch names its kernel or its fn
+    ok &= _ints(t.column("t_ns"), 0) >= 0
+    tid = _ints(t.column("tid"), 0)
+    ok &= (tid >= 0) & (tid < 1 << 31)
+    dev = _ints(t.column("dev"), 0)
+    ok &= (dev >= -1) & (dev < 128)
+    res = _ints(t.column("result"), 0)
+    ok &= (res >= -(1 << 31)) & (res < 1 << 31)
+    mod = _ints(t.column("module"), -1)
+    ok &= mod >= -1
+    fn = _ints(t.column("fn"), 0)
+    ok &= (fn >= 0) & (fn < 1 << 31)
+    regs = _ints(pc.struct_field(t.column("attrs"), "regs"), 0)
+    ok &= (regs >= 0) & (regs < 1 << 15)
+    cap = _ints(pc.struct_field(t.column("graph"), "capture_id"), 0)
+    ok &= (cap >= -1) & (cap < 1 << 31)
+    smem = _ints(t.column("smem"), 0)
+    shape = (smem >= 0) & (smem < 1 << 24)
+    lim = {"grid": ((1 << 31) - 1, 65535, 65535), "block": (1024, 1024, 64)}
+    threads = np.ones(n, np.int64)
+    for name in ("grid", "block"):
+        col = _one_chunk(t.column(name))
+        ln = _ints(pc.list_value_length(col), 3)
+        ok &= ln == 3                                    # [x, y, z] or absent
+        for k in range(3):
+            v = _ints(pc.list_element(pc.if_else(pc.equal(pc.list_value_length(col), 3), col,
+                                                 pa.scalar([1, 1, 1], col.type)), k), 1)
+            # failed launches keep what the caller passed, but it must still fit the frame's dtype
+            ok &= (v >= 0) & (v <= (lim["grid"][0] if name == "grid" else 32767))
+            shape &= (v >= 1) & (v <= lim[name][k])
+            if name == "block":
+                threads *= np.clip(v, 0, 1 << 20)
+    shape &= threads <= 1024
+    ok &= (res != 0) | shape
+    params = _one_chunk(t.column("params"))
+    npar = _ints(pc.list_value_length(params), 0)
+    ok &= npar <= MAX_PARAMS
+    flat = pc.list_flatten(params)
+    if len(flat):
+        parent = pc.list_parent_indices(params).to_numpy()
+        i = _ints(pc.struct_field(flat, "i"), 0)
+        off = _ints(pc.struct_field(flat, "off"), 0)
+        size = _ints(pc.struct_field(flat, "size"), 0)
+        hexlen = _ints(pc.utf8_length(pc.struct_field(flat, "hex")), 0)
+        good = (i >= 0) & (i < MAX_PARAMS) & (off >= 0) & (off <= MAX_PARAM_BYTES)
+        good &= (size >= 0) & (size <= MAX_PARAM_BYTES) & (hexlen <= 2 * MAX_PARAM_BYTES)
+        ptrs = pc.struct_field(flat, "ptrs")
+        pflat = pc.list_flatten(ptrs)
+        if len(pflat):
+            owner = pc.list_parent_indices(ptrs).to_numpy()
+            at = _ints(pc.struct_field(pflat, "at"), 0)
+            psz = _ints(pc.struct_field(pflat, "size"), 0)
+            poff = _ints(pc.struct_field(pflat, "off"), 0)
+            pid = _ints(pc.struct_field(pflat, "id"), -1)
+            pgood = (at >= 0) & (at < MAX_PARAM_BYTES) & (at % 8 == 0) & (psz >= 0) & (pid >= -1)
+            pgood &= (poff > -(1 << 62)) & (poff < 1 << 62)
+            good &= np.bincount(owner[~pgood], minlength=len(flat)) == 0
+        ok &= np.bincount(parent[~good], minlength=n) == 0
+    return ok
+
+
 # ------------------------------------------------------------------ hex decoding, vectorised
 _LUT = np.zeros(256, np.uint8)
 for _c in b"0123456789":

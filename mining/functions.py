@@ -9,7 +9,9 @@ table, each parameter's off/size from its function's layout by index `i`.
 
 Mixed files are fine: a launch without `fn` (the capture writes a launch in the default form when
 it could not write its function record) keeps its own keys. Damage: a functions.jsonl cut short
-(truncated last line, unparsable lines) is reported; launches whose `fn` is not in the file are
+(truncated last line), lines that do not parse, lines with a field outside its documented range
+(an id, a layout entry, a module, regs) and a second line for an id are dropped, warned about and
+reported per line (`mining/damage.py`); launches whose `fn` is not in the file are
 dropped and counted (one warning, `Functions.missing`), never a traceback.
 """
 
@@ -22,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from mining.damage import FileReport, lines_report
+from mining.frames import MAX_PARAM_BYTES, MAX_PARAMS
 
 FUNCTIONS = "functions.jsonl"
 _STRS = ("handle", "sha256", "symbol", "name", "layout")
@@ -38,30 +43,67 @@ class Functions:
     missing: list[int] = field(default_factory=list)  # per chunk: launches dropped (unknown fn)
 
 
-def read_functions(path: Path, warnings: list[str]) -> Functions:
-    """functions.jsonl -> Functions; damaged lines are dropped with a warning."""
+def _int(v, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
+
+
+def _str(v) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _function(line: bytes):
+    """One functions.jsonl line -> (id, its row), or None when a field is outside its documented
+    range (docs/dump-format.md "Compact form" and "Reading damaged dumps")."""
+    try:
+        r = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(r, dict) or not _int(r.get("fn"), 0, 1 << 31):
+        return None
+    lay = r.get("params_layout") or []
+    if not isinstance(lay, list) or len(lay) > MAX_PARAMS:
+        return None
+    for e in lay:
+        if not (isinstance(e, list) and len(e) == 3 and _int(e[0], 0, MAX_PARAMS)
+                and _int(e[1], 0, MAX_PARAM_BYTES + 1) and _int(e[2], 0, MAX_PARAM_BYTES + 1)):
+            return None
+    if sorted(e[0] for e in lay) != list(range(len(lay))):   # parameter i once each, 0..n-1
+        return None
+    attrs = r.get("attrs") or {}
+    regs = attrs.get("regs") if isinstance(attrs, dict) else None
+    module = r.get("module")
+    if not (all(_str(r.get(k)) for k in _STRS) and (module is None or _int(module, -1, 1 << 62))
+            and (regs is None or _int(regs, 0, 1 << 15))):
+        return None
+    return int(r["fn"]), {"handle": r.get("handle"), "module": module, "sha256": r.get("sha256"),
+                          "symbol": r.get("symbol"), "name": r.get("name"), "layout": r.get("layout"),
+                          "regs": regs, "lay": [tuple(e) for e in lay]}
+
+
+def read_functions(path: Path, warnings: list[str], report: FileReport | None = None) -> Functions:
+    """functions.jsonl -> Functions; damaged lines (not JSON, a field outside its range, an id an
+    earlier line had) are dropped with a warning and reported per line."""
     data = path.read_bytes()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the last newline: empty, or a record cut short
-    recs, bad = {}, 0
-    for line in lines:
-        line = line.rpartition(b"\0")[2]  # the dump's NUL rule (docs/dump-format.md "Writers")
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            fid = int(r["fn"])
-            lay = [(int(i), int(o), int(s)) for i, o, s in (r.get("params_layout") or [])]
-            attrs = r.get("attrs") or {}
-            recs[fid] = {"handle": r.get("handle"), "module": r.get("module"), "sha256": r.get("sha256"),
-                         "symbol": r.get("symbol"), "name": r.get("name"), "layout": r.get("layout"),
-                         "regs": attrs.get("regs") if isinstance(attrs, dict) else None, "lay": lay}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            bad += 1
-    if tail.rpartition(b"\0")[2].strip():
-        warnings.append(f"{FUNCTIONS}: dropped a truncated last line ({len(tail)} bytes)")
-    if bad:
-        warnings.append(f"{FUNCTIONS}: dropped {bad} unparsable line(s)")
+    seen: set[int] = set()
+
+    def keep(line):
+        got = _function(line)
+        if got is None or got[0] in seen:
+            return None
+        seen.add(got[0])
+        return got
+
+    def why(line):
+        got = _function(line)
+        return "not a function record of the documented types and ranges" if got is None else \
+            f"fn {got[0]} again (an earlier line has it)"
+
+    got, rep = lines_report(FUNCTIONS, data, keep, why)
+    if report is not None:
+        report.merge(rep)
+    recs = dict(got)
+    if rep.skipped:
+        warnings.append(f"{FUNCTIONS}: dropped {rep.skipped} damaged line(s)")
     ids = np.array(sorted(recs), np.int64)
     rows = [recs[i] for i in ids.tolist()]
     cols = {c: pa.array([r[c] for r in rows], pa.string()) for c in _STRS}
@@ -72,9 +114,8 @@ def read_functions(path: Path, warnings: list[str]) -> Functions:
     lay_off = np.zeros(int(lay_n.sum()), np.int64)
     lay_size = np.zeros(int(lay_n.sum()), np.int64)
     for r, s in zip(rows, lay_start.tolist()):
-        for i, o, z in r["lay"]:
-            if 0 <= i < len(r["lay"]):
-                lay_off[s + i], lay_size[s + i] = o, z
+        for i, o, z in r["lay"]:   # i is 0..n-1 once each (checked by _function)
+            lay_off[s + i], lay_size[s + i] = o, z
     return Functions(ids, cols, lay_start, lay_n, lay_off, lay_size)
 
 

@@ -29,39 +29,62 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mining.damage import FileReport, lines_report
+
 GRAPHS = "graphs.jsonl"
 GRAPH_COLUMNS = ("event", "t_ns", "stream", "graph", "exec", "capture_id", "seq_first", "seq_last",
                  "nodes", "seq")
 
 
-def read_graphs(folder: Path, warnings: list[str] | None = None) -> pd.DataFrame:
-    """graphs.jsonl as a frame (GRAPH_COLUMNS; ids as strings, numbers as Int64); empty when absent."""
-    rows, bad = [], 0
+def _graph_event(line: bytes):
+    """One graphs.jsonl line -> its row, or None when it is not an event of the documented types
+    and ranges (numbers non-negative integers below 2^62, handles strings)."""
+    try:
+        r = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(r, dict) or not isinstance(r.get("event"), str):
+        return None
+    row = {k: r.get(k) for k in GRAPH_COLUMNS}
+    for k in _NUMS:
+        v = row[k]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62):
+            return None
+    for k in ("stream", "graph", "exec"):
+        if row[k] is not None and not isinstance(row[k], str):
+            return None
+    return row
+
+
+_NUMS = ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq")
+_READ: dict = {}   # (path, size, mtime) -> (rows, report): load_dump and analyze read it once
+
+
+def read_graphs(folder: Path, warnings: list[str] | None = None,
+                report: FileReport | None = None) -> pd.DataFrame:
+    """graphs.jsonl as a frame (GRAPH_COLUMNS; ids as strings, numbers as Int64); empty when absent.
+    Damaged lines are dropped, counted in `warnings` and reported per line in `report`."""
+    rows: list = []
     src = Path(folder) / GRAPHS
+    rep = FileReport(GRAPHS)
     if src.is_file():
-        for line in src.read_bytes().splitlines():
-            line = line.strip(b"\0 \t\r")
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-                if not isinstance(r, dict) or not isinstance(r.get("event"), str):
-                    raise ValueError
-                row = {k: r.get(k) for k in GRAPH_COLUMNS}
-                for k in ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq"):
-                    v = row[k]
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                        raise ValueError
-                for k in ("stream", "graph", "exec"):
-                    if row[k] is not None and not isinstance(row[k], str):
-                        raise ValueError
-                rows.append(row)
-            except (ValueError, UnicodeDecodeError):
-                bad += 1
+        st = src.stat()
+        key = (str(src.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _READ:
+            _READ.clear()
+            _READ[key] = lines_report(GRAPHS, src.read_bytes(), _graph_event,
+                                      lambda line: "not a graph event of the documented types and ranges")
+        rows, rep = _READ[key]
+    bad = sum(r.records or 0 for r in rep.ranges if r.reason.startswith("not a graph event"))
     if bad and warnings is not None:
         warnings.append(f"{GRAPHS}: dropped {bad} unparsable line(s)")
+    if rep.skipped > bad and warnings is not None:
+        warnings.append(f"{GRAPHS}: dropped {rep.skipped - bad} record(s) lost to NUL bytes or cut short "
+                        f"(a writer died mid-record)")
+    if report is not None:
+        report.merge(rep)
     df = pd.DataFrame(rows, columns=list(GRAPH_COLUMNS))
-    for k in ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq"):
+    for k in _NUMS:
         df[k] = pd.array(df[k], dtype="Int64")
     return df
 

@@ -9,9 +9,11 @@ binary reader, mining/binload.py). `mining/load.py` calls `read_frames` and owns
 
 The reader: only the keys the frames are built from are parsed (`frames.READ_SCHEMA`); compact
 launches (`fn`) are joined with functions.jsonl per chunk (`mining/functions.py`, `expand`). A chunk
-the fast reader rejects is re-read line by line (`_slow_table`): lines that are not JSON objects
-with `seq` and `symbol` or `fn`, or that the fast reader refuses on their own, are dropped and
-counted in one warning.
+the fast reader rejects is bisected down to the lines it refuses on their own (`_read_lines`);
+those, and records with a field outside its documented range (`frames.valid_rows`: no `seq`, neither
+`symbol` nor `fn`, a number a dtype of the frames cannot hold, a shape the driver would refuse for a
+launch it accepted) or a seq an earlier line of the chunk had (a duplicated line), are dropped,
+counted in one warning, and reported with their byte ranges (`mining/damage.py`).
 
 Damage is tolerated, not hidden (each drop is a line in `warnings`): a truncated last line, and
 NUL bytes (the mmap writer's preallocated tail, or a record in flight when the process died)
@@ -29,14 +31,17 @@ import lzma
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from mining import schema
 from mining.allocs import Offline
+from mining.damage import FileReport
 from mining.errors import DumpError
-from mining.frames import READ_SCHEMA, Columns, launch_part, param_part
+from mining.frames import READ_SCHEMA, Columns, launch_part, param_part, valid_rows
 from mining.functions import Functions, expand
 
 
@@ -50,8 +55,9 @@ from mining.functions import Functions, expand
 BLOCK = 4 << 20   # pyarrow block size inside a task (smaller blocks parse faster than one big one)
 
 
-def _chunks(src: Path, warnings: list[str], chunk: int):
-    """Complete-line byte chunks of the (decompressed) launch file; drops a truncated last line."""
+def _chunks(src: Path, warnings: list[str], chunk: int, rep: FileReport):
+    """(offset, complete-line byte chunk) of the (decompressed) launch file; drops a truncated
+    last line (reported in `rep`)."""
     name = src.name
     try:
         if name.endswith(".xz"):
@@ -64,6 +70,7 @@ def _chunks(src: Path, warnings: list[str], chunk: int):
         raise DumpError(f"{src}: cannot read ({exc})") from None
     seekable = not name.endswith((".xz", ".gz", ".zst"))
     rest = b""
+    pos = 0   # file offset of the next byte yielded
     try:
         with fh:
             while True:
@@ -82,33 +89,42 @@ def _chunks(src: Path, warnings: list[str], chunk: int):
                 elif tail:
                     rest = block[cut:]
                 # a view, not a copy: the worker parses the bytes in place
-                yield memoryview(block)[:cut] if tail else block
+                yield pos, (memoryview(block)[:cut] if tail else block)
+                pos += cut
                 del block, new
     except (OSError, pa.ArrowException, lzma.LZMAError, EOFError) as exc:
         raise DumpError(f"{src}: cannot read ({exc})") from None
-    head, _, rest = rest.rpartition(b"\0")   # the mmap writer's NUL padding is not a record
+    head, _, last = rest.rpartition(b"\0")   # the mmap writer's NUL padding is not a record
     if head.strip(b"\0").strip():            # but a record cut short by it was one
         warnings.append("dropped 1 record(s) lost to NUL bytes (a writer died mid-record)")
-    if rest.strip():
-        warnings.append(f"dropped a truncated last line ({len(rest)} bytes)")
+        rep.skip(pos, pos + len(head) + 1, "NUL bytes (a record in flight when the writer died)")
+    if last.strip():
+        warnings.append(f"dropped a truncated last line ({len(last)} bytes)")
+        rep.skip(pos + len(rest) - len(last), pos + len(rest), "truncated last line (the writer died mid-record)")
 
 
-def _parse_chunk(data, warnings: list[str], src: Path, offline: Offline | None = None,
-                 fns: Functions | None = None):
-    """Chunk of complete lines -> (its bytes, (launch column parts, param column parts) or None)."""
-    opts = pj.ParseOptions(explicit_schema=READ_SCHEMA, unexpected_field_behavior="ignore")
+_OPTS = pj.ParseOptions(explicit_schema=READ_SCHEMA, unexpected_field_behavior="ignore")
+
+
+def _parse_chunk(task, warnings: list[str], src: Path, offline: Offline | None = None,
+                 fns: Functions | None = None, parts: dict | None = None):
+    """(offset, chunk of complete lines) -> (its bytes, (launch column parts, param column parts)
+    or None); what was skipped goes into parts[offset] (a FileReport of this chunk)."""
+    base, data = task
+    rep = FileReport("")
+    if parts is not None:
+        parts[base] = rep
     nbytes = len(data)
     if _has_nul(data):
-        data = _drop_nuls(data, warnings)
-        if not data:
-            return nbytes, None
-    buf = pa.py_buffer(data)
-    try:
-        t = pj.read_json(pa.BufferReader(buf), read_options=pj.ReadOptions(
-            block_size=BLOCK, use_threads=False), parse_options=opts)
-    except pa.ArrowInvalid:
-        t = _slow_table(buf, opts, warnings, src)
-    del buf, data
+        starts, data = _drop_nuls(data, warnings, base, rep)
+    else:
+        starts = None
+    if not data:
+        return nbytes, None
+    data = (base, starts, data)
+    t = _read_lines(data, warnings, rep)
+    rep.read += t.num_rows
+    del data
     t, lay = expand(t, fns)  # compact launches: per-function columns and param off/size joined in
     if t.num_rows == 0:
         return nbytes, None
@@ -122,31 +138,47 @@ def _has_nul(data) -> bool:
     return b"\0" in data
 
 
-def _drop_nuls(data, warnings: list[str]) -> bytes:
+def _drop_nuls(data, warnings: list[str], base: int, rep: FileReport):
     """The reader rule for NUL bytes: split on newlines, keep each line's bytes after its last NUL,
     skip what is left empty. Every complete line holding a NUL stood for a record that was in flight
     when the writer died (cut short, or reserved and never written, its NULs maybe glued in front of
-    the next record); they are counted in one warning. The unterminated NUL padding after the last
-    record never reaches here (`_chunks` drops it)."""
-    out, lost = [], 0
+    the next record); they are counted in one warning and reported. The unterminated NUL padding
+    after the last record never reaches here (`_chunks` drops it). Returns (offsets, bytes): the
+    kept lines joined, with the file offset of each (the ranges of lines rejected later)."""
+    out, starts, lost, pos = [], [], 0, base
     for line in bytes(data).split(b"\n"):
         head, nul, tail = line.rpartition(b"\0")
-        lost += bool(nul)
+        if nul:
+            lost += 1
+            rep.skip(pos, pos + len(head) + 1 + (0 if tail.strip() else len(tail) + 1),
+                     "NUL bytes (a record in flight when the writer died)")
         if tail.strip():
             out.append(tail)
+            starts.append(pos + len(head) + len(nul))
+        pos += len(line) + 1
     if lost:
         warnings.append(f"dropped {lost} record(s) lost to NUL bytes (a writer died mid-record)")
-    return b"\n".join(out) + b"\n" if out else b""
+    return (np.array(starts, np.int64), b"\n".join(out) + b"\n" if out else b"")
 
 
 def read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
-                fns: Functions | None = None, *, chunk: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The launch file -> (launches, params) frames; `chunk` bytes of JSON per parse task."""
+                fns: Functions | None = None, *, chunk: int,
+                report: FileReport | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The launch file -> (launches, params) frames; `chunk` bytes of JSON per parse task. What
+    was skipped is added to `report` (per chunk, merged in file order)."""
     size = src.stat().st_size
     plain = not src.name.endswith((".xz", ".gz", ".zst"))
-    return gather(_chunks(src, warnings, chunk),
-                  lambda data: _parse_chunk(data, warnings, src, offline, fns),
-                  size if plain else 8 * size, src)
+    rep = report if report is not None else FileReport(src.name)
+    parts: dict[int, FileReport] = {}
+    tail = FileReport("")
+    try:
+        return gather(_chunks(src, warnings, chunk, tail),
+                      lambda task: _parse_chunk(task, warnings, src, offline, fns, parts),
+                      size if plain else 8 * size, src)
+    finally:
+        for k in sorted(parts):
+            rep.merge(parts[k])
+        rep.merge(tail)
 
 
 def gather(tasks, parse, total: int, src: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -186,23 +218,117 @@ def gather(tasks, parse, total: int, src: Path) -> tuple[pd.DataFrame, pd.DataFr
     return launches.frame(), params.frame()
 
 
-def _slow_table(buf: pa.Buffer, opts, warnings: list[str], src: Path) -> pa.Table:
-    """Line-by-line fallback: keep every line the fast reader accepts on its own."""
-    good, bad = [], 0
-    for line in io.BytesIO(buf.to_pybytes()):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict) or ("symbol" not in rec and "fn" not in rec) or "seq" not in rec:
-                raise ValueError
-            pj.read_json(io.BytesIO(line), parse_options=opts)
-        except (ValueError, pa.ArrowException):
-            bad += 1
-            continue
-        good.append(line)
-    if bad:
-        warnings.append(f"dropped {bad} unparsable line(s)")
-    if not good:
-        return pa.Table.from_pylist([], schema=opts.explicit_schema)
-    return pj.read_json(io.BytesIO(b"".join(good)), parse_options=opts)
+def _launch_ok(t: pa.Table) -> np.ndarray:
+    return valid_rows(t) & _first_seq(t)
+
+
+def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_launch_ok,
+                what: str = "launch record(s)") -> pa.Table:
+    """The records of (base, line offsets or None, complete lines) that parse and whose fields lie
+    in their documented ranges (`frames.valid_rows`), and whose seq no earlier line of the chunk
+    had, as one arrow table; the rest is reported.
+
+    Fast path: one pyarrow read of the whole chunk and one vectorised range check. Only a chunk
+    with damage pays more: the lines are located (one newline search), a chunk the reader refuses
+    is bisected down to the lines it refuses on their own (a handful of reads per bad line), and
+    a record outside its ranges is dropped by its row (rows follow the non-blank lines)."""
+    base, starts, buf = data
+    opts = opts or _OPTS
+    try:
+        t = pj.read_json(pa.BufferReader(pa.py_buffer(buf)), read_options=pj.ReadOptions(
+            block_size=BLOCK, use_threads=False), parse_options=opts)
+    except pa.ArrowInvalid:
+        t = None
+    if t is not None:
+        ok = valid(t)
+        if ok.all():
+            return t
+    fs, fe, rel = _spans(buf, base, starts)
+    if t is not None and len(fs) == t.num_rows:
+        lines = np.arange(t.num_rows)
+    else:   # bisect down to the lines the reader refuses on their own
+        mv = memoryview(buf) if not isinstance(buf, memoryview) else buf
+        ln = fe - fs   # bytes of each line with its newline
+        parts, idx, bad = [], [], 0
+
+        def take(lo: int, hi: int) -> None:
+            nonlocal bad
+            if lo >= hi:
+                return
+            piece = bytes(mv[rel[lo]:rel[hi - 1] + ln[hi - 1]])
+            try:
+                part = pj.read_json(io.BytesIO(piece), parse_options=opts)
+                if part.num_rows != hi - lo:
+                    raise pa.ArrowInvalid("rows and lines differ")
+            except pa.ArrowInvalid:
+                if hi - lo == 1:
+                    rep.skip(int(fs[lo]), int(fe[lo]), "not a JSON record of the documented types")
+                    bad += 1
+                    return
+                mid = (lo + hi) // 2
+                take(lo, mid)
+                take(mid, hi)
+                return
+            parts.append(part)
+            idx.append(np.arange(lo, hi))
+
+        take(0, len(rel))
+        if bad:
+            warnings.append(f"dropped {bad} unparsable line(s)")
+        t = pa.concat_tables(parts) if parts else pa.Table.from_pylist([], schema=opts.explicit_schema)
+        lines = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    ok = valid(t)
+    if ok.all():
+        return t
+    for k in lines[~ok].tolist():
+        rep.skip(int(fs[k]), int(fe[k]), "a field outside its documented range, or a seq an earlier "
+                 "line had")
+    warnings.append(f"dropped {int((~ok).sum())} {what} with a field outside its documented "
+                    f"range or a seq an earlier line had")
+    return t.filter(pa.array(ok))
+
+
+def read_lines_file(name: str, data: bytes, opts, valid, warnings: list[str], what: str):
+    """A whole small JSON-lines side file (allocs.jsonl) read like a launch chunk: the NUL rule, a
+    truncated last line, then `_read_lines` with that file's schema and range check `valid`.
+    Returns (table, FileReport)."""
+    rep = FileReport(name)
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    if tail.rpartition(b"\0")[2].strip():
+        warnings.append(f"{name}: dropped a truncated last line ({len(tail)} bytes)")
+        rep.skip(cut, len(data), "truncated last line (the writer died mid-record)")
+    body = data[:cut]
+    starts = None
+    if b"\0" in body:
+        starts, body = _drop_nuls(body, warnings, 0, rep)
+    if not body.strip():
+        return pa.Table.from_pylist([], schema=opts.explicit_schema), rep
+    t = _read_lines((0, starts, body), warnings, rep, opts, valid, what)
+    rep.read += t.num_rows
+    return t, rep
+
+
+def _first_seq(t: pa.Table) -> np.ndarray:
+    """False for each record whose seq an earlier record of the chunk already had (a duplicated
+    line: the capture gives every record its own seq). Not checked across chunks."""
+    sq = np.asarray(pc.fill_null(t.column("seq"), -1).to_numpy(), np.int64)
+    ok = np.ones(len(sq), bool)
+    if len(sq) > 1:
+        _, first = np.unique(sq, return_index=True)
+        ok[:] = False
+        ok[first] = True
+    return ok
+
+
+def _spans(buf, base: int, starts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-blank lines of a chunk: (file start, file end with the newline, start in buf).
+    `starts`: the file offset of each line of a NUL-cleaned chunk (None: buf is the file at base)."""
+    u8 = np.frombuffer(buf, np.uint8)
+    nl = np.flatnonzero(u8 == 10).astype(np.int64)
+    ls = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64) if len(nl) else np.zeros(0, np.int64)
+    ws = (u8 == 32) | (u8 == 9) | (u8 == 13) | (u8 == 10)
+    nws = np.flatnonzero(~ws)
+    keep = np.searchsorted(nws, nl) > np.searchsorted(nws, ls)
+    fs = base + ls if starts is None else starts[:len(ls)]
+    return fs[keep], (fs + (nl - ls) + 1)[keep], ls[keep]

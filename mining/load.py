@@ -58,7 +58,9 @@ from mining.binload import read_bin_frames
 from mining.cache import read_cache, write_cache
 from mining.errors import DumpError
 from mining.frames import hex_le_u64, hex_num_u64  # re-exported: tests import them from here
+from mining.damage import FileReport, lines_report
 from mining.functions import FUNCTIONS, Functions, read_functions
+from mining.graphs import GRAPHS, read_graphs
 from mining.jsonl import read_frames
 
 # The API of `mining.load`; hex_le_u64 and hex_num_u64 are re-exports (home: mining/frames.py).
@@ -84,6 +86,7 @@ class Dump:
     pid: int | None = None
     warnings: list[str] = field(default_factory=list)
     allocs: pd.DataFrame | None = None  # allocs.jsonl events (schema.ALLOC_COLUMNS), if any
+    damage: list[FileReport] = field(default_factory=list)  # per file read: what was skipped (damage.py)
 
 
 # ------------------------------------------------------------------ locating the files
@@ -128,44 +131,99 @@ def resolve(path: str | os.PathLike, pid: int | None = None) -> Path:
     return _launch_file(max(cands, key=_launch_count_hint))
 
 
-def read_meta(folder: Path) -> dict:
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
+
+
+# meta.json: the type each top-level key must have (docs/dump-format.md "meta.json"); a key of
+# another type is damage: it is left out of Dump.meta and reported.
+_META_TYPES = {"pid": _is_int, "ppid": _is_int, "start_ns": _is_int, "start_unix_ns": _is_int,
+               "driver_version": _is_int, "cupti_version": _is_int, "end_ns": _is_int,
+               "argv": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+               "devices": lambda v: isinstance(v, list), "options": lambda v: isinstance(v, dict),
+               "counters": lambda v: isinstance(v, dict), "disabled": lambda v: isinstance(v, str)}
+
+
+def read_meta(folder: Path, warnings: list[str] | None = None, report: FileReport | None = None) -> dict:
+    """meta.json, checked: a format_version or a top-level key this reader does not know is
+    refused (another format, not damage); a file that is not a JSON object, or a key of the wrong
+    type, is damage: reported, left out (an empty meta), and the dump is read on."""
     f = folder / "meta.json"
     if not f.is_file():
         return {}
+    rep = report if report is not None else FileReport("meta.json")
     try:
-        meta = json.loads(f.read_text())
-    except ValueError as exc:
-        raise DumpError(f"{f}: not valid JSON ({exc})") from None
+        raw = f.read_bytes()
+        meta = json.loads(raw)
+    except (ValueError, OSError) as exc:
+        meta = None
+        why = f"not valid JSON ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    else:
+        why = "not a JSON object"
     if not isinstance(meta, dict):
-        raise DumpError(f"{f}: expected a JSON object")
+        rep.skip(0, len(raw) if "raw" in locals() else 0, f"meta.json is {why}; read without it")
+        if warnings is not None:
+            warnings.append(f"meta.json is {why}: the dump is read without it (no counters, no options)")
+        return {}
     if meta.get("format_version") != schema.DUMP_FORMAT_VERSION:
         raise DumpError(f"{f}: format_version {meta.get('format_version')!r} is not the supported "
                         f"{schema.DUMP_FORMAT_VERSION}")
     unknown = sorted(set(meta) - META_KEYS)
     if unknown:
         raise DumpError(f"{f}: unknown top-level keys {unknown}; this reader knows format_version 1")
+    bad = sorted(k for k, ok in _META_TYPES.items() if k in meta and not ok(meta[k]))
+    counters = meta.get("counters")
+    if isinstance(counters, dict) and not all(_is_int(v) or isinstance(v, dict) for v in counters.values()):
+        bad.append("counters")
+    options = meta.get("options")
+    if isinstance(options, dict) and not all(v is None or _is_int(v) or isinstance(v, str)
+                                             for v in options.values()):
+        bad.append("options")
+    if bad:
+        rep.skip(0, len(raw), f"meta.json key(s) {sorted(set(bad))} of the wrong type; left out", 0)
+        if warnings is not None:
+            warnings.append(f"meta.json: key(s) {sorted(set(bad))} have the wrong type and are left out")
+        meta = {k: v for k, v in meta.items() if k not in bad}
+    rep.read += 1
     return meta
 
 
 # ------------------------------------------------------------------ modules + entry point
-def _module_frame(folder: Path, warnings: list[str]) -> pd.DataFrame:
-    rows, bad = [], 0
+def _module_event(line: bytes):
+    """One modules.jsonl line -> its row (without cubin_present), or None when it is not a module
+    event of the documented types and ranges."""
+    try:
+        r = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(r, dict) or r.get("event") not in ("load", "unload"):
+        return None
+    sha = r.get("sha256") or ""
+    entries = r.get("entries") or []
+    nums = {k: r.get(k, 0) for k in ("dev", "t_ns", "size")}
+    if not (_is_int(r.get("module")) and 0 <= r["module"] < 1 << 62 and isinstance(sha, str)
+            and all(_is_int(v) for v in nums.values()) and -1 <= nums["dev"] < 128
+            and nums["t_ns"] >= 0 and nums["size"] >= 0 and isinstance(entries, list)):
+        return None
+    if sha and not (len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        return None
+    return {"event": r["event"], "module": r["module"], "dev": nums["dev"], "t_ns": nums["t_ns"],
+            "sha256": sha, "size": nums["size"], "n_entries": len(entries)}
+
+
+def _module_frame(folder: Path, warnings: list[str], report: FileReport | None = None) -> pd.DataFrame:
+    rows = []
     src = folder / "modules.jsonl"
     if src.is_file():
-        for line in src.read_bytes().splitlines():
-            try:
-                r = json.loads(line)
-                sha = r.get("sha256") or ""
-                rows.append({
-                    "event": r["event"], "module": int(r["module"]), "dev": int(r.get("dev", 0)),
-                    "t_ns": int(r.get("t_ns", 0)), "sha256": sha, "size": int(r.get("size", 0)),
-                    "n_entries": len(r.get("entries") or []),
-                    "cubin_present": bool(sha) and (folder / "cubins" / f"{sha}.cubin").is_file(),
-                })
-            except (ValueError, KeyError, TypeError, AttributeError):
-                bad += 1
-    if bad:
-        warnings.append(f"modules.jsonl: dropped {bad} unparsable line(s)")
+        rows, rep = lines_report("modules.jsonl", src.read_bytes(), _module_event,
+                                 lambda line: "not a module event of the documented types and ranges")
+        if report is not None:
+            report.merge(rep)
+        if rep.skipped:
+            warnings.append(f"modules.jsonl: dropped {rep.skipped} unparsable line(s)")
+        have = {p.stem for p in (folder / "cubins").glob("*.cubin")} if (folder / "cubins").is_dir() else set()
+        for r in rows:
+            r["cubin_present"] = bool(r["sha256"]) and r["sha256"] in have
     df = pd.DataFrame(rows, columns=list(schema.MODULE_COLUMNS))
     missing = df[(df["event"] == "load") & ~df["cubin_present"].astype(bool)]
     if len(missing):
@@ -178,34 +236,42 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     src = resolve(path, pid)
     folder = src.parent
     warnings: list[str] = []
-    meta = read_meta(folder)
+    meta_warnings: list[str] = []
+    reports = {name: FileReport(name) for name in (src.name, FUNCTIONS, ALLOC_LOG, "modules.jsonl",
+                                                   GRAPHS, "meta.json")}
+    meta = read_meta(folder, meta_warnings, reports["meta.json"])
     allocs, alloc_warnings = None, []
     if (folder / ALLOC_LOG).is_file():
-        allocs = read_alloc_log(folder / ALLOC_LOG, alloc_warnings)
+        allocs = read_alloc_log(folder / ALLOC_LOG, alloc_warnings, reports[ALLOC_LOG])
         lost = (meta.get("counters") or {}).get("alloc_dropped") or 0
         if lost:
             alloc_warnings.append(f"{ALLOC_LOG}: the capture could not write {lost} event(s); pointer "
                                   f"columns classified from it may be wrong")
+    fn_warnings: list[str] = []
+    fns = read_functions(folder / FUNCTIONS, fn_warnings, reports[FUNCTIONS]) \
+        if (folder / FUNCTIONS).is_file() else None
     hit = read_cache(src) if cache else None
     if hit is not None:
-        launches, params, warnings = hit
+        launches, params, warnings, reports[src.name] = hit
     else:
         offline = None
         if allocs is not None:
             mode = "fill" if (meta.get("options") or {}).get("classify") == 0 else "check"
             offline = Offline(intervals(allocs), mode, [])
         warnings.extend(alloc_warnings)
-        fns = read_functions(folder / FUNCTIONS, warnings) if (folder / FUNCTIONS).is_file() else None
+        warnings.extend(fn_warnings)
         no_fns = Functions(np.zeros(0, np.int64), {}, *(np.zeros(0, np.int64),) * 4) if fns is None else fns
+        rep = reports[src.name]
         try:
             read = read_bin_frames if ".bin" in src.name else read_frames
-            launches, params = read(src, warnings, offline, no_fns, chunk=CHUNK)
+            launches, params = read(src, warnings, offline, no_fns, chunk=CHUNK, report=rep)
         except DumpError:
             if sum(no_fns.missing):
                 raise DumpError(f"{src}: every launch names a function that {folder / FUNCTIONS} "
                                 f"{'lacks' if fns is not None else 'would hold (the file is missing)'}") from None
-            if any("unparsable" in w for w in warnings):
-                raise DumpError(f"{src}: holds no parsable launch record") from None
+            if rep.damaged:
+                raise DumpError(f"{src}: holds no parsable launch record ({rep.skipped} damaged record(s) "
+                                f"in {len(rep.ranges) + rep.ranges_left_out} range(s))") from None
             raise
         if sum(no_fns.missing):
             warnings.append(f"dropped {sum(no_fns.missing)} launch(es) naming a function missing from "
@@ -217,10 +283,30 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
         if (np.diff(order) != 1).any():
             launches = launches.iloc[order].reset_index(drop=True)
         if cache:
-            write_cache(src, launches, params, warnings)
+            write_cache(src, launches, params, warnings, reports[src.name])
     if len(launches) == 0:
         raise DumpError(f"{src}: holds no launch records")
-    modules = _module_frame(folder, warnings)
+    warnings = meta_warnings + warnings
+    modules = _module_frame(folder, warnings, reports["modules.jsonl"])
+    read_graphs(folder, None, reports[GRAPHS])
+    damage = [r for name, r in reports.items() if (folder / name).is_file() or name == src.name]
+    warnings += _damage_notes(damage, meta, reports[src.name], len(launches))
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage)
+
+
+def _damage_notes(damage: list[FileReport], meta: dict, launch: FileReport, kept: int) -> list[str]:
+    """The plain sentences about damage (docs/dump-format.md "Reading damaged dumps"): a file
+    that lost more than half its records is mostly damage; the launch file's count against
+    meta.json's counters when the capture wrote them."""
+    out = []
+    for r in damage:
+        if r.mostly_damage:
+            out.append(f"{r.file} is mostly damage: {r.skipped} of {r.read + r.skipped} record(s) lost; "
+                       f"the analysis uses the {r.read} that could be read")
+    rec = (meta.get("counters") or {}).get("launches_recorded")
+    if _is_int(rec) and rec != launch.read + launch.skipped:
+        out.append(f"meta.json counts {rec} recorded launch(es); the launch file holds {launch.read} "
+                   f"read and {launch.skipped} skipped as damage")
+    return out

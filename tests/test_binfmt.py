@@ -158,8 +158,9 @@ def test_zeroed_header_in_the_middle_resyncs():
 
 
 def test_headers_inside_blobs_and_stale_headers(tmp_path):
-    # a blob holding a well-formed header (8-aligned): the walk steps over it by len, and a resync
-    # does not stop at one whose seq is not above the last good record's
+    # a blob holding a well-formed header (8-aligned): the walk steps over it by len; a record
+    # whose seq does not continue the sequence (a stale 1 after 3) is skipped, and a resync does
+    # not stop at one whose seq is not above the last good record's
     def fake(seq):
         return struct.pack("<IIQ", 112, 0x314C434D, seq) + bytes(104)
     lay = [[0, 0, 8]]
@@ -168,7 +169,10 @@ def test_headers_inside_blobs_and_stale_headers(tmp_path):
             record(4, blob=bytes(8))]
     data = b"".join(recs)
     offs, damaged = binfmt.scan(data)
-    assert binfmt.headers(data, offs)["seq"].tolist() == [0, 1, 2, 3, 1, 4] and damaged == 0
+    sc = binfmt.scan(data)
+    assert binfmt.headers(data, offs)["seq"].tolist() == [0, 1, 2, 3, 4] and damaged == 0
+    stale = sum(map(len, recs[:4]))                    # its bytes are skipped, no seq is missing
+    assert [s[:2] + (s[3],) for s in sc.skips] == [(stale, stale + len(recs[4]), 0)]
     bad = bytearray(recs[2])
     bad[:8] = bytes(8)                                 # record 2 lost: its blob's fake (seq 0) and the
     data = b"".join(recs[:2]) + bytes(bad) + recs[4] + recs[3] + recs[5]  # stale seq 1 are skipped
