@@ -1,7 +1,9 @@
 """`mine analyze PATH`: passes, call sites, pointer roles and fitted expressions of a dump.
 
 A thin command over `mining.load.load_dump`, `mining.analyze.analyze` and the renderers; bad input
-surfaces as `mining.load.DumpError` (a ValueError), which `mine.cli` turns into one sentence.
+surfaces as `mining.load.DumpError` (a ValueError), which `mine.cli` turns into one sentence. A
+damaged dump that still holds a readable launch record is analysed (exit 0), and what the readers
+skipped is printed per file after the report.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def analyze_cmd(
     dump = load_dump(path, pid=pid, cache=not no_cache)
     result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result)
+    _print_damage(dump)
     if json_out:
         json_out.write_text(json.dumps(to_json(result), indent=1))
         typer.echo(f"wrote {json_out}")
@@ -49,6 +52,19 @@ def analyze_cmd(
     if trace:
         plots.save_trace(result, trace)
         typer.echo(f"wrote {trace}")
+
+
+def _print_damage(dump) -> None:
+    """What the readers skipped, per file (mining/damage.py; docs/dump-format.md "Reading damaged
+    dumps"): one line per damaged file, or one line saying nothing was skipped."""
+    hurt = [r for r in dump.damage if r.damaged]
+    if not hurt:
+        typer.echo(f"damage: none ({sum(r.read for r in dump.damage)} record(s) read from "
+                   f"{len(dump.damage)} file(s), nothing skipped)")
+        return
+    typer.echo(f"damage: {len(hurt)} of {len(dump.damage)} file(s) damaged")
+    for r in hurt:
+        typer.echo(f"  {r.sentence()}")
 
 
 def register(app: typer.Typer) -> None:

@@ -347,6 +347,9 @@ def document(a: Analysis) -> C.AnalysisDoc:
                for v, g in a.views.groupby("view", sort=True)] if len(a.views) else [],
         fits=_rows(fits, C.Fit) if len(fits) else [],
         no_layout=_rows(a.no_layout, C.NoLayout),
+        damage=[C.FileDamage(r.file, r.read, r.skipped,
+                             [C.SkippedRange(x.start, x.end, x.reason, x.records) for x in r.ranges],
+                             r.ranges_left_out) for r in a.dump.damage],
     )
 
 

@@ -241,6 +241,23 @@ class Fit:
 
 
 @dataclass
+class SkippedRange:
+    start: int             # byte offsets in the file as read, end exclusive
+    end: int
+    reason: str
+    records: int | None    # records lost in the range; null where nothing tells how many
+
+
+@dataclass
+class FileDamage:
+    file: str
+    read: int              # records read
+    skipped: int           # records lost to damage
+    ranges: list[SkippedRange]
+    ranges_left_out: int   # ranges not listed (at most 64 are)
+
+
+@dataclass
 class NoLayout:
     symbol: str
     launches: int
@@ -262,6 +279,7 @@ class AnalysisDoc:
     views: list[View]
     fits: list[Fit]
     no_layout: list[NoLayout] = field(default_factory=list)
+    damage: list[FileDamage] = field(default_factory=list)   # per dump file read (mining/damage.py)
 
     def to_json(self) -> dict:
         return _dump(self)
