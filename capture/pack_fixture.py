@@ -7,6 +7,8 @@ the first launches of each process (launches.jsonl lines, or launches.bin record
 --max-cubin-bytes). Drops the cubin files of NVIDIA's closed libraries (modules whose entries look
 like cuBLAS/cuBLASLt/cuDNN/NCCL kernels), modules no kept launch uses, and any cubin past the
 budgets; their records keep sha256 and symbols, so tests can still follow the links.
+A fixture carries no machine's paths: meta.json's argv entries and output folder keep only their
+last component (`scrub_meta`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,26 @@ CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|
                     r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)
 
 
+def _base(v):
+    return v.rsplit("/", 1)[-1] if isinstance(v, str) and v.startswith("/") else v
+
+
+def scrub_meta(data: bytes) -> bytes:
+    """meta.json with the absolute paths it records (argv, options.dir) cut to their last
+    component; anything that is not the JSON object a capture writes passes unchanged."""
+    try:
+        meta = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(meta, dict):
+        return data
+    if isinstance(meta.get("argv"), list):
+        meta["argv"] = [_base(a) for a in meta["argv"]]
+    if isinstance(meta.get("options"), dict) and "dir" in meta["options"]:
+        meta["options"]["dir"] = _base(meta["options"]["dir"])
+    return json.dumps(meta, separators=(",", ":")).encode()
+
+
 def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000) -> dict:
     kept, dropped = 0, 0
     budget = max_cubin_bytes
@@ -41,7 +63,8 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
             for name in ("meta.json", "modules.jsonl", "graphs.jsonl", "tensormaps.jsonl", "allocs.jsonl",
                          "functions.jsonl"):
                 if (proc / name).is_file():
-                    add_bytes(f"{rel}/{name}", (proc / name).read_bytes())
+                    data = (proc / name).read_bytes()
+                    add_bytes(f"{rel}/{name}", scrub_meta(data) if name == "meta.json" else data)
             fn_sha = {fn: r.get("sha256") for fn, r in binfmt.read_functions(proc / binfmt.FUNCTIONS).items()}
             uses: dict[str, int] = {}
             if (proc / binfmt.LAUNCHES_BIN).is_file():
