@@ -54,6 +54,14 @@ class FileReport:
         else:
             self.ranges_left_out += 1
 
+    def defer(self, start: int, end: int, reason: str, records: int | None = 1) -> None:
+        """Like skip, applied at `flush` in file order (readers that find damage out of order)."""
+        self.__dict__.setdefault("_pending", []).append((int(start), int(end), reason, records))
+
+    def flush(self) -> None:
+        for a, b, why, n in sorted(self.__dict__.pop("_pending", [])):
+            self.skip(a, b, why, n)
+
     def merge(self, other: "FileReport") -> None:
         """Adds a report of a later part of the same file (the chunked readers)."""
         self.read += other.read
@@ -120,12 +128,13 @@ def lines_report(name: str, data: bytes, keep, reason_of) -> tuple[list[int], Fi
             break
         if body.strip():
             obj = keep(body)
-            if obj is None:
-                rep.skip(pos, end + 1, reason_of(body))
+            if obj is None:   # one damaged line is one record, NULs in it or not
+                rep.skip(pos, end + 1, reason_of(body) if len(body) == len(line) else
+                         "NUL bytes inside a record that does not parse")
             else:
                 rep.read += 1
                 out.append(obj)
-                if len(body) != len(line):
+                if len(body) != len(line):   # a record in flight glued in front of this one
                     rep.skip(pos, end - len(body), "NUL bytes (a record in flight when the writer died)")
         elif b"\0" in line:
             rep.skip(pos, end + 1, "NUL bytes (a record in flight when the writer died)")

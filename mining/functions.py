@@ -102,8 +102,11 @@ def read_functions(path: Path, warnings: list[str], report: FileReport | None = 
     if report is not None:
         report.merge(rep)
     recs = dict(got)
-    if rep.skipped:
-        warnings.append(f"{FUNCTIONS}: dropped {rep.skipped} damaged line(s)")
+    cut = [r for r in rep.ranges if r.reason.startswith("truncated")]
+    if cut:
+        warnings.append(f"{FUNCTIONS}: dropped a truncated last line ({cut[0].end - cut[0].start} bytes)")
+    if rep.skipped > len(cut):
+        warnings.append(f"{FUNCTIONS}: dropped {rep.skipped - len(cut)} unparsable line(s)")
     ids = np.array(sorted(recs), np.int64)
     rows = [recs[i] for i in ids.tolist()]
     cols = {c: pa.array([r[c] for r in rows], pa.string()) for c in _STRS}

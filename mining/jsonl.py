@@ -115,14 +115,14 @@ def _parse_chunk(task, warnings: list[str], src: Path, offline: Offline | None =
     if parts is not None:
         parts[base] = rep
     nbytes = len(data)
+    info = None
     if _has_nul(data):
-        starts, data = _drop_nuls(data, warnings, base, rep)
-    else:
-        starts = None
+        info, data = _drop_nuls(data, warnings, base, rep)
     if not data:
+        rep.flush()
         return nbytes, None
-    data = (base, starts, data)
-    t = _read_lines(data, warnings, rep)
+    t = _read_lines((base, info, data), warnings, rep)
+    rep.flush()
     rep.read += t.num_rows
     del data
     t, lay = expand(t, fns)  # compact launches: per-function columns and param off/size joined in
@@ -140,25 +140,28 @@ def _has_nul(data) -> bool:
 
 def _drop_nuls(data, warnings: list[str], base: int, rep: FileReport):
     """The reader rule for NUL bytes: split on newlines, keep each line's bytes after its last NUL,
-    skip what is left empty. Every complete line holding a NUL stood for a record that was in flight
-    when the writer died (cut short, or reserved and never written, its NULs maybe glued in front of
-    the next record); they are counted in one warning and reported. The unterminated NUL padding
-    after the last record never reaches here (`_chunks` drops it). Returns (offsets, bytes): the
-    kept lines joined, with the file offset of each (the ranges of lines rejected later)."""
-    out, starts, lost, pos = [], [], 0, base
+    skip what is left empty. A complete line of NULs (and text before them) stood for a record that
+    was in flight when the writer died: one lost record. A line whose text after the last NUL
+    still parses is that record plus a lost one glued in front of it (counted once it parsed);
+    one whose text does not parse is one damaged record (`_read_lines` reports the whole line).
+    The unterminated NUL padding after the last record never reaches here (`_chunks` drops it).
+    Returns ((line start, line end, NUL prefix end or -1) per kept line, the kept texts joined)."""
+    out, starts, ends, glue, lost, pos = [], [], [], [], 0, base
     for line in bytes(data).split(b"\n"):
         head, nul, tail = line.rpartition(b"\0")
-        if nul:
-            lost += 1
-            rep.skip(pos, pos + len(head) + 1 + (0 if tail.strip() else len(tail) + 1),
-                     "NUL bytes (a record in flight when the writer died)")
+        lost += bool(nul)
         if tail.strip():
             out.append(tail)
-            starts.append(pos + len(head) + len(nul))
+            starts.append(pos)
+            ends.append(pos + len(line) + 1)
+            glue.append(pos + len(head) + 1 if nul else -1)
+        elif nul:
+            rep.defer(pos, pos + len(line) + 1, "NUL bytes (a record in flight when the writer died)")
         pos += len(line) + 1
     if lost:
         warnings.append(f"dropped {lost} record(s) lost to NUL bytes (a writer died mid-record)")
-    return (np.array(starts, np.int64), b"\n".join(out) + b"\n" if out else b"")
+    info = (np.array(starts, np.int64), np.array(ends, np.int64), np.array(glue, np.int64))
+    return info, (b"\n".join(out) + b"\n" if out else b"")
 
 
 def read_frames(src: Path, warnings: list[str], offline: Offline | None = None,
@@ -232,7 +235,7 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
     with damage pays more: the lines are located (one newline search), a chunk the reader refuses
     is bisected down to the lines it refuses on their own (a handful of reads per bad line), and
     a record outside its ranges is dropped by its row (rows follow the non-blank lines)."""
-    base, starts, buf = data
+    base, info, buf = data
     opts = opts or _OPTS
     try:
         t = pj.read_json(pa.BufferReader(pa.py_buffer(buf)), read_options=pj.ReadOptions(
@@ -242,8 +245,10 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
     if t is not None:
         ok = valid(t)
         if ok.all():
+            if info is not None:
+                _glued(info, np.arange(len(info[0])), rep)
             return t
-    fs, fe, rel = _spans(buf, base, starts)
+    fs, fe, rel = _spans(buf, base, info)
     if t is not None and len(fs) == t.num_rows:
         lines = np.arange(t.num_rows)
     else:   # bisect down to the lines the reader refuses on their own
@@ -262,7 +267,7 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
                     raise pa.ArrowInvalid("rows and lines differ")
             except pa.ArrowInvalid:
                 if hi - lo == 1:
-                    rep.skip(int(fs[lo]), int(fe[lo]), "not a JSON record of the documented types")
+                    rep.defer(int(fs[lo]), int(fe[lo]), "not a JSON record of the documented types")
                     bad += 1
                     return
                 mid = (lo + hi) // 2
@@ -278,11 +283,13 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
         t = pa.concat_tables(parts) if parts else pa.Table.from_pylist([], schema=opts.explicit_schema)
         lines = np.concatenate(idx) if idx else np.zeros(0, np.int64)
     ok = valid(t)
+    if info is not None:
+        _glued(info, lines[ok], rep)
     if ok.all():
         return t
     for k in lines[~ok].tolist():
-        rep.skip(int(fs[k]), int(fe[k]), "a field outside its documented range, or a seq an earlier "
-                 "line had")
+        rep.defer(int(fs[k]), int(fe[k]), "a field outside its documented range, or a seq an earlier "
+                  "line had")
     warnings.append(f"dropped {int((~ok).sum())} {what} with a field outside its documented "
                     f"range or a seq an earlier line had")
     return t.filter(pa.array(ok))
@@ -297,16 +304,26 @@ def read_lines_file(name: str, data: bytes, opts, valid, warnings: list[str], wh
     tail = data[cut:]
     if tail.rpartition(b"\0")[2].strip():
         warnings.append(f"{name}: dropped a truncated last line ({len(tail)} bytes)")
-        rep.skip(cut, len(data), "truncated last line (the writer died mid-record)")
+        rep.defer(cut, len(data), "truncated last line (the writer died mid-record)")
     body = data[:cut]
-    starts = None
+    info = None
     if b"\0" in body:
-        starts, body = _drop_nuls(body, warnings, 0, rep)
+        info, body = _drop_nuls(body, warnings, 0, rep)
     if not body.strip():
+        rep.flush()
         return pa.Table.from_pylist([], schema=opts.explicit_schema), rep
-    t = _read_lines((0, starts, body), warnings, rep, opts, valid, what)
+    t = _read_lines((0, info, body), warnings, rep, opts, valid, what)
+    rep.flush()
     rep.read += t.num_rows
     return t, rep
+
+
+def _glued(info, kept: np.ndarray, rep: FileReport) -> None:
+    """A kept line that had NULs in front of its record: the record in flight there was lost."""
+    starts, _, glue = info
+    for k in np.flatnonzero(glue[kept] >= 0).tolist():
+        j = kept[k]
+        rep.defer(int(starts[j]), int(glue[j]), "NUL bytes (a record in flight when the writer died)")
 
 
 def _first_seq(t: pa.Table) -> np.ndarray:
@@ -321,14 +338,16 @@ def _first_seq(t: pa.Table) -> np.ndarray:
     return ok
 
 
-def _spans(buf, base: int, starts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _spans(buf, base: int, info) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The non-blank lines of a chunk: (file start, file end with the newline, start in buf).
-    `starts`: the file offset of each line of a NUL-cleaned chunk (None: buf is the file at base)."""
+    `info`: the file ranges of the lines of a NUL-cleaned chunk (`_drop_nuls`; None: buf is the
+    file from `base` on); every line of a cleaned chunk is non-blank."""
     u8 = np.frombuffer(buf, np.uint8)
     nl = np.flatnonzero(u8 == 10).astype(np.int64)
     ls = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64) if len(nl) else np.zeros(0, np.int64)
+    if info is not None:
+        return info[0], info[1], ls
     ws = (u8 == 32) | (u8 == 9) | (u8 == 13) | (u8 == 10)
     nws = np.flatnonzero(~ws)
     keep = np.searchsorted(nws, nl) > np.searchsorted(nws, ls)
-    fs = base + ls if starts is None else starts[:len(ls)]
-    return fs[keep], (fs + (nl - ls) + 1)[keep], ls[keep]
+    return (base + ls)[keep], (base + nl + 1)[keep], ls[keep]
