@@ -5,6 +5,10 @@ multiplication by zero) as (rule, sentence) pairs; `evaluate(expr, env)` compute
 every var bound, raising `EvalError` on overflow, a zero divisor or an unknown var. The set is
 monotone in every var, so callers evaluate at the lower corner (all vars 1) and the upper corner
 (all vars at max) to bound every reachable value.
+
+Only grids report an overflow. Everywhere else (shared_mem, call and pack expressions, domain
+bounds) kern evaluates the same checked way and, probed, skips the check an overflowing value
+would have fed: no error, no limit, no comparison -- callers there treat `EvalError` as "no value".
 """
 
 from __future__ import annotations

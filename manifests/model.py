@@ -25,6 +25,7 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     DTYPE_BYTES,
     DTYPES,
     Enum,
+    F64_MAX,
     FILLS,
     Float,
     I32,
@@ -34,6 +35,7 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     KINDS,
     ListOf,
     MapOf,
+    MAX_DEPTH,
     ModelError,
     param_type,
     ParamTypeT,
@@ -46,6 +48,8 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     U64,
     U8,
     W,
+    _obj,
+    check_junk,
 )
 
 
@@ -59,28 +63,86 @@ class Expr:
 
 
 EXPR_OPS = ("ceil_div", "mul", "add")
+U64_MAX = 2**64 - 1
+
+
+def _fatal_depth(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ModelError("$", f"JSON nesting deeper than {MAX_DEPTH} levels", fatal="json")
+
+
+def _check_constant_names(d: dict, ctx) -> None:
+    """kern's constants pass over an expression object, before any union member is tried.
+
+    Probed: under every operator key holding an array, entry 0 (and entry 1 of `add`) is an
+    expression walked again, entry 1 of `ceil_div`/`mul` is a number position where a string must
+    name a constant -- even when another operator key would have parsed. Other keys are skipped.
+    """
+    for op in EXPR_OPS:
+        pair = d.get(op)
+        if type(pair) is not list:
+            continue
+        for i, x in enumerate(pair[:2]):
+            if i == 1 and op != "add":
+                if type(x) is str and x not in ctx.constants:
+                    raise ModelError(f"$.{op}[1]", f"undefined constant `{x}`", fatal="constant")
+                continue
+            sub = _obj(x)
+            if sub is not None:
+                try:
+                    _check_constant_names(sub, ctx)
+                except ModelError as exc:
+                    raise exc.within(f".{op}[{i}]") from None
 
 
 class ExprT:
-    def parse(self, v, path, ctx):
-        if isinstance(v, str):
-            return ctx.constants.get(v, v)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return U64.parse(v, path, ctx)
-        if isinstance(v, dict):
+    """An expression at one site of the format; `depth` is the JSON nesting level of a value
+    there (the root object is 1), so nesting is refused exactly where serde_json refuses it."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+
+    def parse(self, v, ctx):
+        return self._parse(v, ctx, self.depth)
+
+    def _parse(self, v, ctx, depth):
+        t = type(v)
+        if t is str:
+            if v in ctx.constants:
+                c = ctx.constants[v]
+                if type(c) is int and 0 <= c <= U64_MAX:
+                    return c
+                raise ModelError("$", f"constant `{v}` = {c} is not a u64")
+            return v
+        if t is int:
+            if 0 <= v <= U64_MAX:
+                return v
+            raise ModelError("$", f"{v} is outside the u64 range")
+        d = _obj(v)
+        if d is not None:
+            _fatal_depth(depth)
+            if ctx.constants:
+                _check_constant_names(d, ctx)
+            if len(d) > 1:  # members kern reads and then drops still count for depth and keys
+                for x in d.values():
+                    check_junk(x, depth + 1)
             # kern reads expressions as an untagged union whose members ignore extra keys:
             # the first operator key that parses wins, anything else in the object is dropped.
             for op in EXPR_OPS:
-                pair = v.get(op)
-                if not (isinstance(pair, list) and len(pair) == 2):
+                pair = d.get(op)
+                if not (type(pair) is list and len(pair) == 2):
                     continue
+                _fatal_depth(depth + 1)
                 try:
-                    a = self.parse(pair[0], f"{path}.{op}[0]", ctx)
-                    rhs = self if op == "add" else U64
-                    return Expr(op, a, rhs.parse(pair[1], f"{path}.{op}[1]", ctx))
-                except ModelError:
+                    a = self._parse(pair[0], ctx, depth + 2)
+                    b = (self._parse(pair[1], ctx, depth + 2) if op == "add"
+                         else U64.parse(pair[1], ctx))
+                except ModelError as exc:
+                    if exc.fatal:
+                        raise exc.within(f".{op}") from None
                     continue
-        raise ModelError(path, "not an expression (a u64, a var name, or one of "
+                return Expr(op, a, b)
+        raise ModelError("$", "not an expression (a u64, a var name, or one of "
                          "ceil_div/mul/add over two operands)")
 
     def dump(self, v):
@@ -89,35 +151,51 @@ class ExprT:
         return v
 
 
-EXPR = ExprT()
+# The sites of expressions, by the nesting level of the value there:
+# $.ops.<op>.impl.launches[i].grid[j] and $.programs.<p>.calls[i].args[j].expr sit at level 8,
+# $.ops.<op>.impl.launches[i].shared_mem at 7, a pack field's expr
+# ($.ops.<op>.impl.launches[i].args[j].pack.fields[k].expr) at 12, a domain bound at 5.
+GRID_EXPR, SHARED_MEM_EXPR, CALL_EXPR, FIELD_EXPR = ExprT(8), ExprT(7), ExprT(8), ExprT(12)
+EXPR = CALL_EXPR  # for callers that only dump
 
 
 class DimT:
-    def parse(self, v, path, ctx):
-        if isinstance(v, str):
-            v = ctx.constants.get(v, v)
-            if isinstance(v, str):
+    def parse(self, v, ctx):
+        if type(v) is str:
+            if v not in ctx.constants:
                 return v
-        return U64.parse(v, path, ctx)
+            v = ctx.constants[v]
+        return U64.parse(v, ctx)
 
     def dump(self, v):
         return v
 
 
 class BoundT:
-    def parse(self, v, path, ctx):
-        if isinstance(v, str):
-            v = ctx.constants.get(v, v)
-        if isinstance(v, bool):
-            raise ModelError(path, "a bound is an integer, a float or an expression")
-        if isinstance(v, int):
-            return v if -2**63 <= v < 2**63 else float(v)
-        if isinstance(v, float):
+    """A domain bound: an i64, else a float (serde tries i64 first, then f64), else an
+    expression."""
+
+    def __init__(self, depth: int):
+        self.expr = ExprT(depth)
+
+    def parse(self, v, ctx):
+        if type(v) is str and v in ctx.constants:
+            v = ctx.constants[v]
+        t = type(v)
+        if t is int:
+            if -2**63 <= v < 2**63:
+                return v
+            if not -F64_MAX <= v <= F64_MAX:
+                raise ModelError("$", "number out of range", fatal="json")
+            return float(v)
+        if t is float:
             return v
-        return EXPR.parse(v, path, ctx)
+        if t is bool:
+            raise ModelError("$", "a bound is an integer, a float or an expression")
+        return self.expr.parse(v, ctx)
 
     def dump(self, v):
-        return EXPR.dump(v)
+        return self.expr.dump(v)
 
 
 # ---- one-key forms (call args, launch args, pack field sources) --------------------------
@@ -132,20 +210,26 @@ class Tagged:
 class TaggedT:
     def __init__(self, what, forms: dict, offset_forms=()):
         self.what, self.forms, self.offset_forms = what, forms, offset_forms
+        self.fail = f"not a {what} (one of " + ", ".join(forms) + ")"
 
-    def parse(self, v, path, ctx):
+    def parse(self, v, ctx):
         # exactly one form key, plus `offset` where that form allows it (objects have 1-2 keys,
         # so look at the object's keys rather than trying every form)
-        if isinstance(v, dict) and 1 <= len(v) <= 2:
-            present = [k for k in v if k in self.forms]
+        d = _obj(v)
+        if d is not None and 1 <= len(d) <= 2:
+            present = [k for k in d if k in self.forms]
             if len(present) == 1:
                 form = present[0]
-                rest = len(v) - 1
-                if rest == 0 or ("offset" in v and form in self.offset_forms):
-                    off = U64.parse(v["offset"], f"{path}.offset", ctx) if "offset" in v else None
-                    return Tagged(form, self.forms[form].parse(v[form], f"{path}.{form}", ctx), off)
-        raise ModelError(path, f"not a {self.what} (one of "
-                         + ", ".join(self.forms) + ")")
+                if len(d) == 1 or ("offset" in d and form in self.offset_forms):
+                    try:
+                        off = U64.parse(d["offset"], ctx) if "offset" in d else None
+                    except ModelError as exc:
+                        raise exc.within(".offset") from None
+                    try:
+                        return Tagged(form, self.forms[form].parse(d[form], ctx), off)
+                    except ModelError as exc:
+                        raise exc.within(f".{form}") from None
+        raise ModelError("$", self.fail)
 
     def dump(self, t):
         out = {t.form: self.forms[t.form].dump(t.value)}
@@ -154,7 +238,7 @@ class TaggedT:
         return out
 
 
-ARG = TaggedT("call argument", {"buf": STR, "state": STR, "var": STR, "expr": EXPR,
+ARG = TaggedT("call argument", {"buf": STR, "state": STR, "var": STR, "expr": CALL_EXPR,
                                 "i32": I32, "i64": I64, "f32": Float(), "u8": U8,
                                 "rank": STR}, offset_forms=("buf", "state"))
 
@@ -173,7 +257,7 @@ class TensorMap:
 
 
 FIELD_SRC = {"param": U32, "scratch": STR, "i32": I32, "i64": I64, "f32": Float(), "u8": U8,
-             "var": STR, "expr": EXPR, "rank": STR, "tensormap": Struct(TensorMap)}
+             "var": STR, "expr": FIELD_EXPR, "rank": STR, "tensormap": Struct(TensorMap)}
 
 
 @dataclass
@@ -185,17 +269,27 @@ class Field:
 
 
 class FieldT:
-    def parse(self, v, path, ctx):
-        if not isinstance(v, dict):
-            raise ModelError(path, f"expected an object, got {_kind(v)}")
-        srcs = [k for k in v if k not in ("at", "width")]
-        if "at" not in v or len(srcs) != 1 or srcs[0] not in FIELD_SRC:
-            raise ModelError(path, "a pack field is `at`, optional `width` and one source of "
+    def parse(self, v, ctx):
+        d = _obj(v)
+        if d is None:
+            raise ModelError("$", f"expected an object, got {_kind(v)}")
+        srcs = [k for k in d if k not in ("at", "width")]
+        if "at" not in d or len(srcs) != 1 or srcs[0] not in FIELD_SRC:
+            raise ModelError("$", "a pack field is `at`, optional `width` and one source of "
                              + ", ".join(FIELD_SRC))
         form = srcs[0]
-        width = U32.parse(v["width"], f"{path}.width", ctx) if "width" in v else None
-        return Field(U32.parse(v["at"], f"{path}.at", ctx), width, form,
-                     FIELD_SRC[form].parse(v[form], f"{path}.{form}", ctx))
+        out = []
+        for key, typ in (("width", U32), ("at", U32), (form, FIELD_SRC[form])):
+            x = d.get(key)
+            if key == "width" and x is None:  # an `Option`: absent or null
+                out.append(None)
+                continue
+            try:
+                out.append(typ.parse(x, ctx))
+            except ModelError as exc:
+                raise exc.within(f".{key}") from None
+        width, at, value = out
+        return Field(at, width, form, value)
 
     def dump(self, f):
         out = {"at": f.at}
@@ -219,8 +313,8 @@ LAUNCH_ARG = TaggedT("launch argument", {"param": U32, "scratch": STR, "i32": I3
 @dataclass
 class When:
     var: str = W(STR, required=True)
-    min: int = W(U64)
-    max: int = W(U64)
+    min: int = W(U64, nullable=True)
+    max: int = W(U64, nullable=True)
 
 
 @dataclass
@@ -240,35 +334,36 @@ class GemmAlgo:
 class KernelLaunch:
     module: str = W(STR, required=True)
     entry: str = W(STR, required=True)
-    params: list = W(ListOf(ParamTypeT()))
+    params: list = W(ListOf(ParamTypeT()), nullable=True)
     block: list = W(ListOf(U32, 3), required=True)
-    grid: list = W(ListOf(EXPR, 3), required=True)
-    shared_mem: Any = W(EXPR)
-    cluster: list = W(ListOf(U32, 3))
+    grid: list = W(ListOf(GRID_EXPR, 3), required=True)
+    shared_mem: Any = W(SHARED_MEM_EXPR, nullable=True)
+    cluster: list = W(ListOf(U32, 3), nullable=True)
     pdl: bool = W(BOOL)
-    args: list = W(ListOf(LAUNCH_ARG))
-    when: When = W(Struct(When))
+    args: list = W(ListOf(LAUNCH_ARG), nullable=True)
+    when: When = W(Struct(When), nullable=True)
 
 
 @dataclass
 class ExternLaunch:
     entry: str = W(STR, required=True)
-    params: list = W(ListOf(ParamTypeT()))
-    args: list = W(ListOf(LAUNCH_ARG))
-    when: When = W(Struct(When))
-    algo: GemmAlgo = W(Struct(GemmAlgo))
+    params: list = W(ListOf(ParamTypeT()), nullable=True)
+    args: list = W(ListOf(LAUNCH_ARG), nullable=True)
+    when: When = W(Struct(When), nullable=True)
+    algo: GemmAlgo = W(Struct(GemmAlgo), nullable=True)
 
 
 class LaunchT:
     kernel, extern = Struct(KernelLaunch), Struct(ExternLaunch)
 
-    def parse(self, v, path, ctx):
+    def parse(self, v, ctx):
         for form in (self.kernel, self.extern):  # untagged: kernel form first, as kern does
             try:
-                return form.parse(v, path, ctx)
-            except ModelError:
-                continue
-        raise ModelError(path, "matches neither a kernel launch (module, entry, block, grid) "
+                return form.parse(v, ctx)
+            except ModelError as exc:
+                if exc.fatal:
+                    raise
+        raise ModelError("$", "matches neither a kernel launch (module, entry, block, grid) "
                          "nor an extern launch (entry, params, args, when, algo)")
 
     def dump(self, v):
@@ -295,7 +390,7 @@ class Op:
 
 @dataclass
 class Call:
-    label: str = W(STR)
+    label: str = W(STR, nullable=True)
     op: str = W(STR, required=True)
     args: list = W(ListOf(ARG), required=True)
 
@@ -304,12 +399,12 @@ class Call:
 class Batch:
     groups: int = W(U64, required=True)
     rows: Any = W(DimT(), required=True)
-    context: str = W(STR)
+    context: str = W(STR, nullable=True)
 
 
 @dataclass
 class Program:
-    batch: Batch = W(Struct(Batch))
+    batch: Batch = W(Struct(Batch), nullable=True)
     once: bool = W(BOOL)
     derive: bool = W(BOOL)
     graph: bool = W(BOOL)
@@ -322,17 +417,24 @@ class UnionT:
 
     def __init__(self, plain, ranked_key, ranked_item, what):
         self.plain, self.key, self.item, self.what = plain, ranked_key, ranked_item, what
+        self.items = ListOf(ranked_item)
 
-    def parse(self, v, path, ctx):
-        if isinstance(v, dict):
-            if set(v) == {"group", self.key}:
-                return {"group": STR.parse(v["group"], f"{path}.group", ctx),
-                        self.key: ListOf(self.item).parse(v[self.key], f"{path}.{self.key}", ctx)}
-            raise ModelError(path, f"not a {self.what}")
+    def parse(self, v, ctx):
+        d = _obj(v)
+        if d is not None:
+            if len(d) == 2 and "group" in d and self.key in d:
+                out = {}
+                for key, typ in (("group", STR), (self.key, self.items)):
+                    try:
+                        out[key] = typ.parse(d[key], ctx)
+                    except ModelError as exc:
+                        raise exc.within(f".{key}") from None
+                return out
+            raise ModelError("$", f"not a {self.what}")
         try:
-            return self.plain.parse(v, path, ctx)
+            return self.plain.parse(v, ctx)
         except ModelError:
-            raise ModelError(path, f"not a {self.what}") from None
+            raise ModelError("$", f"not a {self.what}") from None
 
     def dump(self, v):
         return dict(v) if isinstance(v, dict) else self.plain.dump(v)
@@ -352,16 +454,16 @@ class Interleave:
 @dataclass
 class Segment:
     tensor: Any = W(TENSOR_SOURCE, required=True)
-    rows: Any = W(RANGES)
-    cols: Any = W(RANGES)
-    interleave: Interleave = W(Struct(Interleave))
+    rows: Any = W(RANGES, nullable=True)
+    cols: Any = W(RANGES, nullable=True)
+    interleave: Interleave = W(Struct(Interleave), nullable=True)
 
 
 @dataclass
 class Domain:
-    min: Any = W(BoundT())
-    max: Any = W(BoundT())
-    index_into: str = W(STR)
+    min: Any = W(BoundT(5), nullable=True)
+    max: Any = W(BoundT(5), nullable=True)
+    index_into: str = W(STR, nullable=True)
     stride: int = W(U64)
     monotone: bool = W(BOOL)
 
@@ -372,11 +474,11 @@ class Buffer:
     shape: list = W(ListOf(DimT()), required=True)
     kind: str = W(Enum(KINDS, "kind"), required=True)
     placement: str = W(Enum(PLACEMENTS, "placement"))
-    fill: str = W(Enum(FILLS, "fill"))
-    domain: Domain = W(Struct(Domain))
+    fill: str = W(Enum(FILLS, "fill"), nullable=True)
+    domain: Domain = W(Struct(Domain), nullable=True)
     export: bool = W(BOOL)
-    of: str = W(STR)
-    group: str = W(STR)
+    of: str = W(STR, nullable=True)
+    group: str = W(STR, nullable=True)
     bind: list = W(ListOf(Struct(Segment)))
 
 
@@ -395,19 +497,28 @@ class Shard:
 
 
 class ShardT:
-    def parse(self, v, path, ctx):
-        if not isinstance(v, dict):
-            raise ModelError(path, f"expected an object, got {_kind(v)}")
-        by = v.get("by")
-        want = {"position": {"by", "group"}, "heads": {"by", "group", "segments"}}.get(by)
+    def parse(self, v, ctx):
+        d = _obj(v)
+        if d is None:
+            raise ModelError("$", f"expected an object, got {_kind(v)}")
+        by = d.get("by")
+        want = {"position": {"by", "group"}, "heads": {"by", "group", "segments"}}.get(
+            by if type(by) is str else None)
         if want is None:
-            raise ModelError(path, "a shard is `by: position` or `by: heads`")
-        if set(v) - want or "group" not in v:
-            raise ModelError(path, f"`by: {by}` takes exactly " + ", ".join(sorted(want)))
+            raise ModelError("$", "a shard is `by: position` or `by: heads`")
+        if not d.keys() <= want or "group" not in d:
+            raise ModelError("$", f"`by: {by}` takes exactly " + ", ".join(sorted(want)))
         segs = None
         if by == "heads":
-            segs = ListOf(ListOf(U64, 2)).parse(v.get("segments", []), f"{path}.segments", ctx)
-        return Shard(by, STR.parse(v["group"], f"{path}.group", ctx), segs)
+            try:
+                segs = _SEGMENTS.parse(d.get("segments", []), ctx)
+            except ModelError as exc:
+                raise exc.within(".segments") from None
+        try:
+            group = STR.parse(d["group"], ctx)
+        except ModelError as exc:
+            raise exc.within(".group") from None
+        return Shard(by, group, segs)
 
     def dump(self, s):
         out = {"by": s.by, "group": s.group}
@@ -416,13 +527,16 @@ class ShardT:
         return out
 
 
+_SEGMENTS = ListOf(ListOf(U64, 2))
+
+
 @dataclass
 class State:
     bytes_per_token: int = W(U64)
     bytes: int = W(U64)
     bytes_per_seq: int = W(U64)
-    host: HostTensor = W(Struct(HostTensor))
-    shard: Shard = W(ShardT())
+    host: HostTensor = W(Struct(HostTensor), nullable=True)
+    shard: Shard = W(ShardT(), nullable=True)
 
 
 @dataclass
@@ -434,7 +548,7 @@ class Module:
 @dataclass
 class Var:
     max: int = W(U64, required=True)
-    axis: str = W(Enum(AXES, "var axis"))
+    axis: str = W(Enum(AXES, "var axis"), nullable=True)
 
 
 @dataclass
@@ -453,8 +567,8 @@ class Cut:
 class Manifest:
     schema_version: int = W(Int("u32", 0, 2**32 - 1, consts=False), required=True)
     model: str = W(STR, required=True)
-    topology: Topology = W(Struct(Topology))
-    cut: Cut = W(Struct(Cut))
+    topology: Topology = W(Struct(Topology), nullable=True)
+    cut: Cut = W(Struct(Cut), nullable=True)
     vars: dict = W(MapOf(Struct(Var)))
     states: dict = W(MapOf(Struct(State)))
     buffers: dict = W(MapOf(Struct(Buffer)), required=True)
@@ -465,32 +579,38 @@ class Manifest:
     @classmethod
     def from_json(cls, obj: Any) -> "Manifest":
         """Parse a decoded JSON document; the one place constants are expanded."""
-        if not isinstance(obj, dict):
+        d = _obj(obj)
+        if d is None:
             raise ModelError("$", f"a manifest is a JSON object, got {_kind(obj)}")
-        obj = dict(obj)
-        consts = obj.pop("constants", None)
-        constants = _check_constants(consts, obj.get("vars"))
-        return _MANIFEST.parse(obj, "$", _Ctx(constants))
+        d = dict(d)
+        consts = d.pop("constants", _ABSENT)
+        constants = _check_constants(consts, d.get("vars"))
+        return _MANIFEST.parse(d, _Ctx(constants))
 
     def to_json(self) -> dict:
         return _MANIFEST.dump(self)
 
 
 _MANIFEST = Struct(Manifest)
+_ABSENT = object()
 
 
 def _check_constants(consts: Any, vars_: Any) -> dict:
-    if consts is None:
+    if consts is _ABSENT:
         return {}
-    if not isinstance(consts, dict):
+    c = _obj(consts)
+    if c is None:  # `null` included: kern reads constants as a plain map
         raise ModelError("$.constants", "constants must be an object")
-    for name, value in consts.items():
-        if not name or isinstance(value, bool) or not isinstance(value, (int, float)):
+    var_names = _obj(vars_) or {}
+    for name, value in c.items():
+        if not name or type(value) not in (int, float):
             raise ModelError(f"$.constants.{name}",
                              "constants need non-empty names and numeric literal values")
-        if isinstance(vars_, dict) and name in vars_:
+        if type(value) is int and not -F64_MAX <= value <= F64_MAX:
+            raise ModelError(f"$.constants.{name}", "number out of range", fatal="json")
+        if name in var_names:
             raise ModelError(f"$.constants.{name}", f"constant `{name}` conflicts with a var")
-    return consts
+    return c
 
 
 def dumps(manifest: Manifest) -> str:

@@ -12,11 +12,12 @@ import re
 from manifests import expr as ex
 from manifests.diagnostics import key_path
 from manifests.model import SCHEMA_VERSION, Expr
+from manifests.wire import RUST_WHITESPACE
 from manifests.verify import U64_MAX, Scope, shape_bytes
 
 FLOATS = {"bf16", "f16", "f32", "fp8e4m3", "fp8e8m0"}
 OUTPUT_FILLS = {"tokens", "count", "error"}
-HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+HEX64 = re.compile(r"[0-9a-fA-F]{64}")  # fullmatch: `$` would let a trailing newline through
 
 
 def check(s: Scope) -> None:
@@ -34,6 +35,7 @@ def check(s: Scope) -> None:
     for name in sorted(s.states):
         _state(s, name, s.states[name], key_path("$.states", name))
     _shards(s)
+    _position_dealt_alike(s)
     for name in sorted(m.buffers):
         _buffer(s, name, m.buffers[name], key_path("$.buffers", name))
     _replicated_batch(s)
@@ -118,6 +120,10 @@ def _shards(s: Scope) -> None:
             if kind != "per-seq":
                 s.add("state.shard_heads_kind", path,
                       f"`by: heads` splits a per-sequence state, got a {kind} one")
+            zero = [i for i, (r, wd) in enumerate(st.shard.segments or []) if not r or not wd]
+            for i in zero:
+                s.add("state.shard_zero_segment", f"{path}.segments[{i}]",
+                      "a segment has neither 0 rows nor 0 bytes")
             if not st.shard.segments:
                 s.add("state.shard_no_segments", f"{path}.segments",
                       "`by: heads` needs at least one segment")
@@ -129,6 +135,20 @@ def _shards(s: Scope) -> None:
                     s.add("state.shard_segments", f"{path}.segments",
                           "every width must be a multiple of the group size and rows times "
                           "widths must sum to the group size times bytes_per_seq")
+
+
+def _position_dealt_alike(s: Scope) -> None:
+    """Paged states share one page id space: once one is dealt by position, all must be."""
+    dealt = [n for n in sorted(s.states) if state_kind(s.states[n]) == "paged"
+             and s.states[n].shard is not None and s.states[n].shard.by == "position"]
+    if not dealt:
+        return
+    for name in sorted(s.states):
+        st = s.states[name]
+        if state_kind(st) == "paged" and (st.shard is None or st.shard.by != "position"):
+            s.add("state.shard_position_mixed", key_path("$.states", name),
+                  f"not dealt by position, but `{dealt[0]}` is; the paged states share one "
+                  "page id space, so every one is dealt the same way")
 
 
 def _bound_ok(s: Scope, b, path: str, dtype: str) -> bool:
@@ -147,12 +167,18 @@ def _bound_ok(s: Scope, b, path: str, dtype: str) -> bool:
 
 
 def _bound_value(b, env):
+    """A bound at one var corner as kern compares it, an f64 (probed: 2^53 + 1 is not above
+    2^53); None when the expression overflows there, which skips the comparison, as in kern."""
     if isinstance(b, (str, Expr)):
         try:
-            return ex.evaluate(b, env)
+            b = ex.evaluate(b, env)
         except ex.EvalError:
             return None
-    return b
+    return float(b)
+
+
+def _show(x: float) -> str:
+    return str(int(x)) if x.is_integer() else str(x)
 
 
 def _domain(s: Scope, name: str, buf, path: str) -> None:
@@ -194,7 +220,7 @@ def _domain(s: Scope, name: str, buf, path: str) -> None:
         for env in (s.lo, s.hi):
             a, b = _bound_value(d.min, env), _bound_value(d.max, env)
             if a is not None and b is not None and a > b:
-                s.add("domain.min_above_max", dp, f"min {a} > max {b}")
+                s.add("domain.min_above_max", dp, f"min {_show(a)} > max {_show(b)}")
                 break
 
 
@@ -337,19 +363,19 @@ def _peer(s: Scope, name: str, buf, path: str) -> None:
 
 
 def _module(s: Scope, mod, path: str) -> None:
-    if not HEX64.match(mod.sha256):
+    if not HEX64.fullmatch(mod.sha256):
         s.add("module.sha256", f"{path}.sha256", "sha256 is not 64 hex chars")
     src = mod.source
     if not src:
         s.add("module.empty_source", f"{path}.source", "empty source")
+    elif "://" in src and not src.startswith("https://"):
+        s.add("module.bad_scheme", f"{path}.source", "only https:// and hf: sources are fetched")
     elif src.startswith("hf:") and not _hf_ok(src[3:]):
         s.add("module.bad_ref", f"{path}.source",
               f"invalid registry ref `{src}`: expected hf:<org>/<repo>/<path>[@revision]")
     elif src.startswith("https://") and not _https_ok(src[8:]):
         s.add("module.bad_ref", f"{path}.source",
               f"invalid registry ref `{src}`: expected https://<host>/<path>")
-    elif "://" in src and not src.startswith("https://"):
-        s.add("module.bad_scheme", f"{path}.source", "only https:// and hf: sources are fetched")
 
 
 def _hf_ok(ref: str) -> bool:
@@ -364,8 +390,10 @@ def _hf_ok(ref: str) -> bool:
 
 
 def _https_ok(rest: str) -> bool:
+    """kern's https grammar, probed: a host, a path, and no (Unicode) whitespace anywhere; an hf:
+    ref, by contrast, may hold whitespace."""
     host, _, path = rest.partition("/")
-    return bool(host) and bool(path)
+    return bool(host) and bool(path) and not any(c in RUST_WHITESPACE for c in rest)
 
 
 def _replicated_batch(s: Scope) -> None:

@@ -134,7 +134,7 @@ def _geometry(s: Scope, ln, path: str) -> None:
         grid_vals.append((lo, hi))
     if ln.shared_mem is not None:
         sp = f"{path}.shared_mem"
-        _, hi = _expr_corners(s, ln.shared_mem, sp, lower=False)
+        hi = _value_at_max(s, ln.shared_mem, sp)
         if hi is not None and hi > SHARED_MEM_LIMIT:
             s.add("launch.shared_mem", sp, f"{hi} bytes exceeds opt-in limit {SHARED_MEM_LIMIT} "
                   "at var upper bounds")
@@ -150,20 +150,35 @@ def _geometry(s: Scope, ln, path: str) -> None:
                           f"grid is not a multiple of cluster extent {c[ax]}")
 
 
-def _expr_corners(s: Scope, e, path: str, lower: bool = True):
+def _expr_corners(s: Scope, e, path: str):
+    """A grid expression's value at var maxima and minima, in checked u64 arithmetic: in grids,
+    unlike everywhere else, kern reports an overflow."""
     s.used_vars |= ex.var_names(e)
     faults = ex.check(e, s.vars)
     for rule, msg in faults:
         s.add(rule, path, msg)
     vals = []
-    for env in ((s.hi, s.lo) if lower else (s.hi,)):
+    for env in (s.hi, s.lo):
         try:
             vals.append(ex.evaluate(e, env))
         except ex.EvalError as exc:
             if env is s.hi:
                 s.add("expr.eval", path, f"{exc} at var upper bounds")
             vals.append(None)
-    return (vals[1] if lower else None), vals[0]
+    return vals[1], vals[0]
+
+
+def _value_at_max(s: Scope, e, path: str):
+    """Structural faults, then the value at var maxima, None when there is none: outside grids
+    kern skips the checks of an expression that overflows (probed), so it is no error here."""
+    s.used_vars |= ex.var_names(e)
+    faults = ex.check(e, s.vars)
+    for rule, msg in faults:
+        s.add(rule, path, msg)
+    try:
+        return ex.evaluate(e, s.hi)
+    except ex.EvalError:
+        return None
 
 
 def _compatible(a: tuple, b: tuple) -> bool:
@@ -281,7 +296,7 @@ def _field(s: Scope, st: _OpState, f, fp: str) -> None:
         if v not in s.vars:
             s.add("pack.unknown_var", fp, f"unknown var `{v}`")
     elif form == "expr":
-        _expr_corners(s, v, f"{fp}.expr", lower=False)
+        _value_at_max(s, v, f"{fp}.expr")
     elif form == "rank":
         s.used_groups.add(v)
         if v not in s.groups:

@@ -75,7 +75,8 @@ def parse(obj: Any) -> Manifest | Diagnostic:
     try:
         return Manifest.from_json(obj)
     except ModelError as exc:
-        return Diagnostic("parse.schema", exc.path, exc.fact)
+        rule = "parse.json" if exc.fatal == "json" else "parse.schema"
+        return Diagnostic(rule, exc.path, exc.fact)
 
 
 def verify(manifest: Manifest | dict) -> list[Diagnostic]:
@@ -96,5 +97,13 @@ def verify(manifest: Manifest | dict) -> list[Diagnostic]:
 
 
 def verify_file(path: str | os.PathLike) -> list[Diagnostic]:
-    """Read strictly (size limit, duplicate keys) then verify. Unreadable input raises."""
-    return verify(jsonload.load_path(path))
+    """Read strictly (size limit, duplicate keys) then verify. Unreadable input raises.
+
+    Objects stay pairs until the typed parse (`jsonload.load_path(..., pairs=True)`), which
+    checks their keys while it reads them: the strict read costs no Python call per object."""
+    parsed = parse(jsonload.load_path(path, pairs=True))
+    if isinstance(parsed, Diagnostic):
+        if parsed.rule == "parse.json":  # unreadable text, as `jsonload` reports it for dicts
+            raise jsonload.ManifestReadError(f"{path}: not a manifest: {parsed.message}")
+        return [parsed]
+    return verify(parsed)

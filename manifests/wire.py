@@ -6,13 +6,17 @@ strings, enumerations, param-type strings) and the generic containers (`ListOf`,
 has which fields. Values are checked where they are read and every failure is a `ModelError` with
 the JSON path; `constants` are substituted through `_Ctx`. Nothing here knows a manifest's
 cross-references (that is `verify`).
+
+A JSON object arrives either as a dict or, straight from `jsonload.loads_pairs`, as a tuple of
+(key, value) pairs whose duplicate keys are found here (`_obj`), so a strict read of a big manifest
+does not pay for a Python hook per object. Paths are built only when something fails: a container
+adds its own step to the error on the way out, so the accepted case never formats a path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import field
 from typing import Any
 
@@ -27,15 +31,72 @@ AXES = ("rows", "groups", "ranks")
 PLACEMENTS = ("device", "host")
 TMA_DTYPES = ("u8", "u16", "u32", "i32", "u64", "i64", "f16", "bf16", "f32", "tf32", "u4",
               "u4packed")
+# kern's JSON reader (serde_json) refuses a document nested deeper than this many arrays/objects.
+MAX_DEPTH = 127
+F64_MAX = 1.7976931348623157e308
+# Rust's `char::is_whitespace` (Unicode White_Space): what kern trims off a param type. Python's
+# own `str.strip()` would also drop U+001C..U+001F, which kern keeps (and then rejects).
+RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+                   "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 
 
 class ModelError(ValueError):
-    """The JSON does not have the shape of a schema_version 7 manifest."""
+    """The JSON does not have the shape of a schema_version 7 manifest.
 
-    def __init__(self, path: str, fact: str):
+    `path` is where, `fact` what. `fatal` marks a fault kern finds while reading the whole
+    document, before it tries the members of an untagged union, so no other member may rescue
+    it: "json" for the text itself (nesting depth, a duplicate key, a number out of range: what
+    `jsonload` reports for a decoded dict), "constant" for an undefined constant.
+    """
+
+    def __init__(self, path: str, fact: str, fatal: str | bool = False):
         super().__init__(f"{path}: {fact}")
-        self.path = path
-        self.fact = fact
+        self.path, self.fact, self.fatal = path, fact, fatal
+
+    def within(self, step: str) -> "ModelError":
+        """This error, one container further out (`step` is `.key` or `[i]`)."""
+        path = "$" + step + self.path[1:] if self.path.startswith("$") else step + self.path
+        return ModelError(path, self.fact, self.fatal)
+
+
+def _obj(v) -> dict | None:
+    """A JSON object as a dict (duplicate keys refused), or None for anything else."""
+    t = type(v)
+    if t is dict:
+        return v
+    if t is tuple:
+        d = dict(v)
+        if len(d) != len(v):
+            seen: set = set()
+            for key, _ in v:
+                if key in seen:
+                    raise ModelError("$", f"duplicate key `{key}` in a JSON object", fatal="json")
+                seen.add(key)
+        return d
+    return None
+
+
+def check_junk(v, depth: int) -> None:
+    """What kern still reads in a value it then ignores: depth, duplicate keys, f64 range."""
+    t = type(v)
+    if t is dict or t is tuple or t is list:
+        if depth > MAX_DEPTH:
+            raise ModelError("$", f"JSON nesting deeper than {MAX_DEPTH} levels", fatal="json")
+        items = _obj(v).values() if t is not list else v
+        for x in items:
+            check_junk(x, depth + 1)
+    elif t is int and not -F64_MAX <= v <= F64_MAX:
+        raise ModelError("$", "number out of range", fatal="json")
+
+
+def _locate(parse, items, ctx) -> ModelError:
+    """The first failing entry's error, with its step; `items` are (step, value) pairs."""
+    for step, x in items:
+        try:
+            parse(x, ctx)
+        except ModelError as exc:
+            return exc.within(step)
+    raise AssertionError("a container failed but none of its entries does")
 
 
 # ---- scalar wire types -------------------------------------------------------------------
@@ -44,10 +105,12 @@ class _Ctx:
         self.constants = constants
 
 
-def _const(v: Any, path: str, ctx: _Ctx) -> Any:
-    if isinstance(v, str):
+def _const(v: Any, ctx: _Ctx) -> Any:
+    """A numeric position's value with constants substituted. kern substitutes only when the
+    manifest has (non-empty) constants, and then an unknown name fails the whole document."""
+    if type(v) is str and ctx.constants:
         if v not in ctx.constants:
-            raise ModelError(path, f"undefined constant `{v}`")
+            raise ModelError("$", f"undefined constant `{v}`", fatal="constant")
         return ctx.constants[v]
     return v
 
@@ -56,13 +119,15 @@ class Int:
     def __init__(self, name: str, lo: int, hi: int, consts: bool = True):
         self.name, self.lo, self.hi, self.consts = name, lo, hi, consts
 
-    def parse(self, v, path, ctx):
+    def parse(self, v, ctx):
+        if type(v) is int and self.lo <= v <= self.hi:
+            return v
         if self.consts:
-            v = _const(v, path, ctx)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ModelError(path, f"expected {self.name}, got {_kind(v)}")
+            v = _const(v, ctx)
+        if type(v) is not int:
+            raise ModelError("$", f"expected {self.name}, got {_kind(v)}")
         if not self.lo <= v <= self.hi:
-            raise ModelError(path, f"{v} is outside the {self.name} range")
+            raise ModelError("$", f"{v} is outside the {self.name} range")
         return v
 
     def dump(self, v):
@@ -77,10 +142,14 @@ U8 = Int("u8", 0, 255)
 
 
 class Float:
-    def parse(self, v, path, ctx):
-        v = _const(v, path, ctx)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelError(path, f"expected a number, got {_kind(v)}")
+    def parse(self, v, ctx):
+        v = _const(v, ctx)
+        if type(v) is float:
+            return v
+        if type(v) is not int:
+            raise ModelError("$", f"expected a number, got {_kind(v)}")
+        if not -F64_MAX <= v <= F64_MAX:  # serde_json reads a long integer as f64
+            raise ModelError("$", "number out of range", fatal="json")
         return v
 
     def dump(self, v):
@@ -91,9 +160,9 @@ class Plain:
     def __init__(self, typ, name):
         self.typ, self.name = typ, name
 
-    def parse(self, v, path, ctx):
-        if not isinstance(v, self.typ) or (self.typ is int and isinstance(v, bool)):
-            raise ModelError(path, f"expected {self.name}, got {_kind(v)}")
+    def parse(self, v, ctx):
+        if type(v) is not self.typ:
+            raise ModelError("$", f"expected {self.name}, got {_kind(v)}")
         return v
 
     def dump(self, v):
@@ -106,24 +175,24 @@ STR, BOOL = Plain(str, "a string"), Plain(bool, "a boolean")
 class Enum(Plain):
     def __init__(self, values, what):
         super().__init__(str, "a string")
-        self.values, self.what = values, what
+        self.values, self.what = frozenset(values), what
+        self.listed = ", ".join(values)
 
-    def parse(self, v, path, ctx):
-        v = super().parse(v, path, ctx)
-        if v not in self.values:
-            raise ModelError(path, f"unknown {self.what} `{v}`, expected one of "
-                             + ", ".join(self.values))
-        return v
+    def parse(self, v, ctx):
+        if type(v) is str and v in self.values:
+            return v
+        v = super().parse(v, ctx)
+        raise ModelError("$", f"unknown {self.what} `{v}`, expected one of {self.listed}")
 
 
 class ParamTypeT(Plain):
     def __init__(self):
         super().__init__(str, "a string")
 
-    def parse(self, v, path, ctx):
-        v = super().parse(v, path, ctx)
+    def parse(self, v, ctx):
+        v = super().parse(v, ctx)
         if param_type(v) is None:
-            raise ModelError(path, f"invalid param type `{v}`")
+            raise ModelError("$", f"invalid param type `{v}`")
         return v
 
 
@@ -131,23 +200,29 @@ class ParamTypeT(Plain):
 def param_type(text: str) -> tuple | None:
     """`"in buffer<bf16>"` -> ("buffer", "in", "bf16"); scalars ("scalar", t); None if invalid.
 
-    Other forms: ("state", dir), ("bytes", n). Words may be separated by any whitespace.
+    Other forms: ("state", dir), ("bytes", n). kern's grammar, probed: the whole string is
+    trimmed of Unicode whitespace, the direction ends at the first plain space (a tab there is
+    part of the direction, so `in\\tbuffer<f32>` is invalid), and the rest is trimmed again.
     """
-    words = text.split()
-    if len(words) == 1:
-        w = words[0]
-        if w in ("i32", "i64", "f32", "u8"):
-            return ("scalar", w)
-        m = re.fullmatch(r"bytes<([0-9]+)>", w)
-        if m and 1 <= int(m.group(1)) <= 2**64 - 1:
-            return ("bytes", int(m.group(1)))
+    text = text.strip(RUST_WHITESPACE)
+    direction, space, rest = text.partition(" ")
+    if not space:
+        if text in ("i32", "i64", "f32", "u8"):
+            return ("scalar", text)
+        if text.startswith("bytes<") and text.endswith(">"):
+            n = text[6:-1]
+            # Rust's u64 parser: ASCII digits with an optional leading `+`
+            digits = n[1:] if n.startswith("+") else n
+            if digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 2**64 - 1:
+                return ("bytes", int(digits))
         return None
-    if len(words) == 2 and words[0] in ("in", "out", "inout"):
-        if words[1] == "state":
-            return ("state", words[0])
-        m = re.fullmatch(r"buffer<(\w+)>", words[1])
-        if m and m.group(1) in DTYPES:
-            return ("buffer", words[0], m.group(1))
+    if direction not in ("in", "out", "inout"):
+        return None
+    rest = rest.strip(RUST_WHITESPACE)
+    if rest == "state":
+        return ("state", direction)
+    if rest.startswith("buffer<") and rest.endswith(">") and rest[7:-1] in DTYPES:
+        return ("buffer", direction, rest[7:-1])
     return None
 
 
@@ -155,12 +230,16 @@ class ListOf:
     def __init__(self, item, length: int | None = None):
         self.item, self.length = item, length
 
-    def parse(self, v, path, ctx):
-        if not isinstance(v, list):
-            raise ModelError(path, f"expected an array, got {_kind(v)}")
+    def parse(self, v, ctx):
+        if type(v) is not list:
+            raise ModelError("$", f"expected an array, got {_kind(v)}")
         if self.length is not None and len(v) != self.length:
-            raise ModelError(path, f"expected {self.length} entries, got {len(v)}")
-        return [self.item.parse(x, f"{path}[{i}]", ctx) for i, x in enumerate(v)]
+            raise ModelError("$", f"expected {self.length} entries, got {len(v)}")
+        parse = self.item.parse
+        try:
+            return [parse(x, ctx) for x in v]
+        except ModelError:
+            raise _locate(parse, ((f"[{i}]", x) for i, x in enumerate(v)), ctx) from None
 
     def dump(self, v):
         return [self.item.dump(x) for x in v]
@@ -170,10 +249,16 @@ class MapOf:
     def __init__(self, item):
         self.item = item
 
-    def parse(self, v, path, ctx):
-        if not isinstance(v, dict):
-            raise ModelError(path, f"expected an object, got {_kind(v)}")
-        return {k: self.item.parse(x, f"{path}.{k}", ctx) for k, x in v.items()}
+    def parse(self, v, ctx):
+        d = _obj(v)
+        if d is None:
+            raise ModelError("$", f"expected an object, got {_kind(v)}")
+        parse = self.item.parse
+        try:
+            return {k: parse(x, ctx) for k, x in d.items()}
+        except ModelError:
+            from manifests.diagnostics import key_path
+            raise _locate(parse, ((key_path("", k), x) for k, x in d.items()), ctx) from None
 
     def dump(self, v):
         return {k: self.item.dump(v[k]) for k in sorted(v)}
@@ -186,60 +271,59 @@ def _kind(v) -> str:
         return f"integer {v}"
     if isinstance(v, float):
         return f"float {v}"
+    if isinstance(v, tuple):
+        return "an object"
     return {str: "a string", list: "an array", dict: "an object", type(None): "null"}.get(
         type(v), type(v).__name__)
 
 
 # ---- structs -----------------------------------------------------------------------------
-def W(typ, *, required: bool = False, key: str | None = None):
-    """A dataclass field carrying its wire type; absent optional fields stay None."""
-    return field(default=None, metadata={"wire": typ, "required": required, "key": key})
+def W(typ, *, required: bool = False, key: str | None = None, nullable: bool = False):
+    """A dataclass field carrying its wire type; absent optional fields stay None.
+
+    `nullable`: kern reads the field as an `Option`, so JSON `null` there means absent. The other
+    optional fields are serde defaults, where `null` is a type error (probed field by field).
+    """
+    return field(default=None, metadata={"wire": typ, "required": required, "key": key,
+                                         "nullable": nullable})
 
 
 class Struct:
     def __init__(self, cls):
         self.cls = cls
         self.fields = [(f.metadata.get("key") or f.name, f.name, f.metadata["wire"],
-                        f.metadata["required"]) for f in dataclasses.fields(cls)]
-        self.keys = {k for k, *_ in self.fields}
+                        f.metadata["required"], f.metadata["nullable"])
+                       for f in dataclasses.fields(cls)]
+        self.table = {k: (name, typ.parse, nullable) for k, name, typ, _, nullable in self.fields}
+        self.required = [k for k, _, _, req, _ in self.fields if req]
+        self.listed = ", ".join(k for k, *_ in self.fields)
 
-    def parse(self, v, path, ctx):
-        if not isinstance(v, dict):
-            raise ModelError(path, f"expected an object, got {_kind(v)}")
-        extra = [k for k in v if k not in self.keys]
-        if extra:
-            raise ModelError(path, f"unknown field `{extra[0]}`, expected one of "
-                             + ", ".join(k for k, *_ in self.fields))
+    def parse(self, v, ctx):
+        d = _obj(v)
+        if d is None:
+            raise ModelError("$", f"expected an object, got {_kind(v)}")
         kw = {}
-        for key, name, typ, req in self.fields:
-            if key in v:
-                kw[name] = typ.parse(v[key], f"{path}.{key}", ctx)
-            elif req:
-                raise ModelError(path, f"missing field `{key}`")
+        table = self.table
+        for key, x in d.items():
+            spec = table.get(key)
+            if spec is None:
+                raise ModelError("$", f"unknown field `{key}`, expected one of {self.listed}")
+            name, parse, nullable = spec
+            if x is None and nullable:
+                continue
+            try:
+                kw[name] = parse(x, ctx)
+            except ModelError as exc:
+                raise exc.within(f".{key}") from None
+        for key in self.required:
+            if key not in d:
+                raise ModelError("$", f"missing field `{key}`")
         return self.cls(**kw)
 
     def dump(self, obj):
         out = {}
-        for key, name, typ, _ in self.fields:
+        for key, name, typ, _, _ in self.fields:
             val = getattr(obj, name)
             if val is not None:
                 out[key] = typ.dump(val)
         return out
-
-
-class Lazy:
-    """Resolve a wire type defined later in this module (recursive and forward references)."""
-
-    def __init__(self, name):
-        self.name, self._t = name, None
-
-    def _get(self):
-        if self._t is None:
-            self._t = globals()[self.name]
-        return self._t
-
-    def parse(self, v, path, ctx):
-        return self._get().parse(v, path, ctx)
-
-    def dump(self, v):
-        return self._get().dump(v)
