@@ -1,0 +1,94 @@
+"""Read and write sets of one launch from memory snapshots: pure numpy, no GPU.
+
+Why snapshots and not a model of the kernel: the kernel is a cubin; what it reads and writes is
+measured by running it. `written` compares each region after a run with what was put there, over
+two fills: all zeros, and `tagged` (span k holds the u64 value k + 1 repeated: small integers,
+tiny floats, so a kernel reading them as indices stays in bounds, and different per span, so a
+kernel copying one buffer into another changes the copy). A byte the kernel writes with the
+fill's own value in one run still shows in the other. A parameter word is *read* when poisoning
+the bytes it points at (seeded random bytes over its span, every other byte as in the tagged
+run) changes anything the tagged run wrote, or anything outside the poisoned bytes, or makes the
+launch fault (the bytes steer addresses: indices, block tables); the poisoned span's own bytes the
+kernel never wrote are not compared (they hold the poison either way).
+
+A word's span is its bytes up to the next word into the same region (or the region's end):
+words at one address share a span (one buffer, read and written as one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Span:
+    region: int
+    lo: int
+    hi: int
+
+
+def spans(words, region_lengths: list[int]) -> list[Span]:
+    """Per word (in `words` order; each has .region and .offset), its span."""
+    by: dict[int, list[int]] = {}
+    for w in words:
+        by.setdefault(w.region, []).append(w.offset)
+    nxt: dict[tuple[int, int], int] = {}
+    for r, offs in by.items():
+        u = sorted(set(offs))
+        for a, b in zip(u, u[1:] + [region_lengths[r]]):
+            nxt[(r, a)] = b
+    return [Span(w.region, w.offset, max(nxt[(w.region, w.offset)], w.offset)) for w in words]
+
+
+def tagged(lengths: list[int], spans_: list[Span]) -> list[np.ndarray]:
+    """The second fill, per region: zeros, then distinct span k (in first-seen order) holds the
+    little-endian u64 value k + 1 repeated from its start."""
+    out = [np.zeros(n, np.uint8) for n in lengths]
+    tags: dict[tuple[int, int, int], int] = {}
+    for s in spans_:
+        k = tags.setdefault((s.region, s.lo, s.hi), len(tags) + 1)
+        v = out[s.region][s.lo:s.hi]
+        v[0::8] = k & 0xFF
+        v[1::8] = (k >> 8) & 0xFF
+    return out
+
+
+def written(runs: list[tuple[list[np.ndarray], list[np.ndarray]]]) -> list[np.ndarray]:
+    """Per region, a mask of the bytes the kernel wrote: changed from the fill in any of the
+    (fill, after) runs."""
+    masks = None
+    for fill, after in runs:
+        m = [f != a for f, a in zip(fill, after)]
+        masks = m if masks is None else [x | y for x, y in zip(masks, m)]
+    return masks or []
+
+
+def read_changed(baseline: list[np.ndarray], poisoned: list[np.ndarray], wrote: list[np.ndarray],
+                 span: Span) -> bool:
+    """Did poisoning `span` change what the launch left in memory (module docstring)?"""
+    for r, (b, p, w) in enumerate(zip(baseline, poisoned, wrote)):
+        diff = b != p
+        if r == span.region:
+            diff[span.lo:span.hi] &= w[span.lo:span.hi]
+        if diff.any():
+            return True
+    return False
+
+
+def ranges(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) runs of True in a byte mask."""
+    if not mask.any():
+        return []
+    d = np.diff(np.concatenate([[0], mask.view(np.int8) if mask.dtype == bool else mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist()))
+
+
+def direction(wrote: bool, read: bool | None) -> str:
+    """in | out | inout | unused (read None: not judged, from the write set alone)."""
+    if read is None:
+        return "out?" if wrote else "in?"
+    if wrote:
+        return "inout" if read else "out"
+    return "in" if read else "unused"

@@ -1,0 +1,226 @@
+"""The GPU side of a replay: one CUDA context through cuda-python's driver bindings.
+
+Why the driver API and nothing above it: a captured launch is a cubin, an entry, a grid, a block,
+dynamic shared memory, launch attributes and raw parameter bytes -- exactly what `cuModuleLoadData`
+and `cuLaunchKernelEx` take. No framework, no compiler, no knowledge of the kernel's language.
+
+Every driver result goes through `_ok`, which raises `CudaError` naming the call and the driver's
+error name. A launch that faults leaves the context unusable (CUDA's sticky errors); `reset()`
+releases and resets the primary context, after which modules are loaded and memory allocated
+again, so one faulting launch does not end a replay of many.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import numpy as np
+
+L2_FLUSH_BYTES = 256 << 20     # written between timed launches: more than the H200's 60 MB L2
+
+
+class CudaError(RuntimeError):
+    """A driver call failed: `call`, `name` (CUDA_ERROR_...), and whether the context is lost."""
+
+    def __init__(self, call: str, name: str, sticky: bool):
+        super().__init__(f"{call} failed: {name}")
+        self.call, self.name, self.sticky = call, name, sticky
+
+
+class NoGpu(OSError):
+    """No CUDA driver or device here; one sentence."""
+
+
+# errors after which the context cannot be used again (the launch faulted on the device)
+STICKY = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+          "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_FAILED",
+          "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
+          "CUDA_ERROR_UNKNOWN"}
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver   # cuda-python before the bindings split
+        except ImportError as exc:
+            raise NoGpu("mine replay needs cuda-python (pip install 'mine[gpu]') and an NVIDIA driver") from exc
+    return driver
+
+
+class Gpu:
+    """One device's primary context, its loaded modules and its allocations."""
+
+    def __init__(self, device: int = 0):
+        self.cu = _driver()
+        self.device = device
+        self._open()
+
+    # ------------------------------------------------------------------ driver plumbing
+    def _ok(self, call: str, res):
+        err, *rest = res if isinstance(res, tuple) else (res,)
+        if int(err) != 0:
+            _, name = self.cu.cuGetErrorName(err)
+            name = name.decode() if isinstance(name, bytes) else str(err)
+            raise CudaError(call, name, name in STICKY)
+        return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+    def _open(self) -> None:
+        cu = self.cu
+        try:
+            self._ok("cuInit", cu.cuInit(0))
+        except CudaError as exc:
+            raise NoGpu(f"no usable NVIDIA GPU here ({exc.name})") from None
+        self.dev = self._ok("cuDeviceGet", cu.cuDeviceGet(self.device))
+        self.ctx = self._ok("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(self.dev))
+        self._ok("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.ctx))
+        self.stream = self._ok("cuStreamCreate", cu.cuStreamCreate(1))   # non-blocking
+        self.modules: dict[str, object] = {}
+        self.functions: dict[tuple[str, str], object] = {}
+        self.allocs: list[int] = []
+        self._flush: int | None = None
+        name = self._ok("cuDeviceGetName", cu.cuDeviceGetName(128, self.dev))
+        self.name = name.split(b"\0")[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+    def reset(self) -> None:
+        """After a sticky error: drop everything, reset the primary context, open it again."""
+        cu = self.cu
+        cu.cuDevicePrimaryCtxRelease(self.dev)
+        cu.cuDevicePrimaryCtxReset(self.dev)
+        self._open()
+
+    # ------------------------------------------------------------------ modules and memory
+    def function(self, cubin_path, symbol: str, smem: int):
+        key = (str(cubin_path), symbol)
+        if key not in self.functions:
+            if key[0] not in self.modules:
+                data = open(cubin_path, "rb").read()
+                self.modules[key[0]] = self._ok("cuModuleLoadData", self.cu.cuModuleLoadData(data))
+            self.functions[key] = self._ok("cuModuleGetFunction",
+                                           self.cu.cuModuleGetFunction(self.modules[key[0]], symbol.encode()))
+        fn = self.functions[key]
+        if smem > 48 << 10:
+            attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self._ok("cuFuncSetAttribute", self.cu.cuFuncSetAttribute(fn, attr, smem))
+        return fn
+
+    def alloc(self, n: int) -> int:
+        p = int(self._ok("cuMemAlloc", self.cu.cuMemAlloc(max(n, 1))))
+        self.allocs.append(p)
+        return p
+
+    def free_all(self) -> None:
+        for p in self.allocs:
+            self.cu.cuMemFree(p)
+        self.allocs = []
+        self._flush = None
+
+    def fill(self, ptr: int, n: int, pattern: str, seed: int = 0) -> None:
+        """`zero`; `one64` (the u64 value 1 repeated: small integers, tiny floats); `random`
+        (seeded bytes)."""
+        if pattern == "zero":
+            self._ok("cuMemsetD8", self.cu.cuMemsetD8(ptr, 0, n))
+            return
+        if pattern == "one64":
+            host = np.zeros(n, np.uint8)
+            host[0::8] = 1
+        elif pattern == "random":
+            host = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+        else:
+            raise ValueError(f"unknown fill {pattern!r}")
+        self.upload(ptr, host)
+
+    def upload(self, ptr: int, host: np.ndarray) -> None:
+        self._ok("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(ptr, host, host.nbytes))
+
+    def download(self, ptr: int, n: int) -> np.ndarray:
+        host = np.empty(n, np.uint8)
+        self._ok("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(host, ptr, n))
+        return host
+
+    def sync(self) -> None:
+        self._ok("cuCtxSynchronize", self.cu.cuCtxSynchronize())
+
+    def flush_l2(self) -> None:
+        if self._flush is None:
+            self._flush = self.alloc(L2_FLUSH_BYTES)
+        self._ok("cuMemsetD8Async", self.cu.cuMemsetD8Async(self._flush, 0, L2_FLUSH_BYTES, self.stream))
+
+    def copy_bandwidth(self, nbytes: int = 1 << 30, reps: int = 5) -> float:
+        """Device-to-device copy rate (bytes/s, read + write counted), the memory ceiling a
+        replayed kernel's traffic is compared with."""
+        cu = self.cu
+        a, b = self.alloc(nbytes), self.alloc(nbytes)
+        ev0 = self._ok("cuEventCreate", cu.cuEventCreate(0))
+        ev1 = self._ok("cuEventCreate", cu.cuEventCreate(0))
+        best = float("inf")
+        try:
+            for _ in range(reps):
+                self._ok("cuEventRecord", cu.cuEventRecord(ev0, self.stream))
+                self._ok("cuMemcpyDtoDAsync", cu.cuMemcpyDtoDAsync(b, a, nbytes, self.stream))
+                self._ok("cuEventRecord", cu.cuEventRecord(ev1, self.stream))
+                self._ok("cuEventSynchronize", cu.cuEventSynchronize(ev1))
+                best = min(best, float(self._ok("cuEventElapsedTime", cu.cuEventElapsedTime(ev0, ev1))) / 1e3)
+        finally:
+            cu.cuEventDestroy(ev0)
+            cu.cuEventDestroy(ev1)
+            self.free_all()
+        return 2 * nbytes / best
+
+    # ------------------------------------------------------------------ tensor maps
+    def encode_tiled(self, rec: dict, address: int) -> bytes:
+        """tensormaps.jsonl's cuTensorMapEncodeTiled record, encoded again at `address`."""
+        cu = self.cu
+        if rec.get("api") != "cuTensorMapEncodeTiled":
+            raise CudaError(rec.get("api", "?"), "not re-encoded (only tiled maps are)", False)
+        rank = int(rec["rank"])
+        tm = self._ok("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType(int(rec["dtype"])), rank, address,
+            [int(x) for x in rec["dims"]], [int(x) for x in rec["strides"]],
+            [int(x) for x in rec["box"]], [int(x) for x in rec["elem_strides"]],
+            cu.CUtensorMapInterleave(int(rec["interleave"])), cu.CUtensorMapSwizzle(int(rec["swizzle"])),
+            cu.CUtensorMapL2promotion(int(rec["l2"])), cu.CUtensorMapFloatOOBfill(int(rec["oob"]))))
+        return struct.pack("<16Q", *[int(x) for x in tm.opaque])
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, fn, grid, block, smem: int, params: list[bytes], cluster=None) -> None:
+        """Enqueue one launch with these parameter bytes (an array of pointers to each, as
+        cuLaunchKernel takes them)."""
+        cu = self.cu
+        bufs = [ctypes.create_string_buffer(b, max(len(b), 1)) for b in params]
+        arr = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(b) for b in bufs])
+        addr = ctypes.addressof(arr)
+        if cluster is None:
+            self._ok("cuLaunchKernel", cu.cuLaunchKernel(fn, *grid, *block, smem, self.stream, addr, 0))
+            return
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes, cfg.hStream = smem, self.stream
+        at = cu.CUlaunchAttribute()
+        at.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster
+        cfg.attrs, cfg.numAttrs = [at], 1
+        self._ok("cuLaunchKernelEx", cu.cuLaunchKernelEx(cfg, fn, addr, 0))
+
+    def time_launches(self, fn, grid, block, smem, params, cluster, reps: int, flush: bool = True) -> list[float]:
+        """Each of `reps` launches timed alone with CUDA events (microseconds), L2 flushed before each."""
+        cu = self.cu
+        ev0 = self._ok("cuEventCreate", cu.cuEventCreate(0))
+        ev1 = self._ok("cuEventCreate", cu.cuEventCreate(0))
+        out = []
+        try:
+            for _ in range(reps):
+                if flush:
+                    self.flush_l2()
+                self._ok("cuEventRecord", cu.cuEventRecord(ev0, self.stream))
+                self.launch(fn, grid, block, smem, params, cluster)
+                self._ok("cuEventRecord", cu.cuEventRecord(ev1, self.stream))
+                self._ok("cuEventSynchronize", cu.cuEventSynchronize(ev1))
+                out.append(float(self._ok("cuEventElapsedTime", cu.cuEventElapsedTime(ev0, ev1))) * 1e3)
+        finally:
+            cu.cuEventDestroy(ev0)
+            cu.cuEventDestroy(ev1)
+        return out
