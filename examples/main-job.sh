@@ -10,9 +10,9 @@ out=${1:-out}
 dump=tests/fixtures/vllm/vllm-offline.tar.xz
 mkdir -p "$out"
 mine analyze "$dump" --json "$out/analysis.json" --plot "$out/timeline.png" --trace "$out/trace.json"
-mine gen qwen3 --dump "$dump" --config examples/vllm_qwen3/reference/config.json --out "$out/qwen3"
+mine gen qwen3 --dump "$dump" --config examples/vllm_qwen3/reference/config.json -o "$out/qwen3" --force
 mine verify "$out/qwen3/qwen3.json"
-mine abi "$out/qwen3/qwen3.json" --kernels "$out/qwen3/kernels"
+mine abi "$out/qwen3/qwen3.json" --cubins "$out/qwen3/kernels"
 if cmp -s "$out/qwen3/qwen3.json" manifests/qwen3/qwen3.json; then
     echo "the manifest equals the committed manifests/qwen3/qwen3.json byte for byte"
 else

@@ -308,6 +308,8 @@ def resolve_labels(manifest: dict, labels: list[str]) -> list[int]:
         if str(label).isdigit():
             out.append(int(label))
             continue
+        if str(label).startswith("-") and str(label)[1:].isdigit():
+            raise LookupError(f"cut index {label} is negative; give a call index of at least 1 or a call label")
         found = [i for p in _driven(manifest) for i, c in enumerate(manifest["programs"][p]["calls"])
                  if c.get("label") == label]
         if not found:

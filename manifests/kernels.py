@@ -237,6 +237,14 @@ def load_kernels(path: str | Path) -> KernelTable:
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise KernelsTomlError(f"{path}: no such kernels.toml") from None
+    except IsADirectoryError:
+        raise KernelsTomlError(f"{path} is a folder, not a kernels.toml") from None
+    except UnicodeDecodeError:
+        raise KernelsTomlError(f"{path} is not UTF-8 text, not a kernels.toml") from None
+    except OSError as exc:
+        raise KernelsTomlError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise KernelsTomlError(f"{path} is not valid TOML ({exc})") from None
     bad: list[str] = []

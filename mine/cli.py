@@ -4,7 +4,8 @@ Each stage registers its sub-commands from its own `mine.cmd_*` module, so the c
 stay a few dozen lines over importable functions. Errors that a user can cause (bad paths, bad
 input, a rejected manifest) surface from the stages as `OSError`, `ValueError` or `LookupError`
 subclasses; here they become one sentence on stderr and exit code 2. Anything else is a bug and
-keeps its traceback.
+keeps its traceback. Usage errors (a bad flag value, a missing option) are one sentence too,
+naming the flag.
 """
 
 from __future__ import annotations
@@ -14,18 +15,36 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     name="mine",
     help="Lift kernels out of a running CUDA process and compile them into kern manifests.\n\n"
-    "  mine capture -- python serve.py      # dump every cubin and launch ABI\n\n"
-    "  mine analyze dumped-kernels/pid123   # passes, call sites, pointer roles, fits\n\n"
-    "  mine gen qwen3 --dump DUMP --config config.json --out manifests/qwen3/\n\n"
+    "\b\nExamples (from a clone of the repository):\n"
+    "  mine capture -o out/dump -- python3 -c pass                # dump every cubin and launch ABI\n"
+    "  mine analyze tests/fixtures/vllm/vllm-offline.tar.xz       # passes, call sites, pointer roles, fits\n"
+    "  mine gen qwen3 --dump tests/fixtures/vllm/vllm-offline.tar.xz"
+    " --config examples/vllm_qwen3/reference/config.json -o out/qwen3\n"
     "  mine verify manifests/qwen3/qwen3.json",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from mine import __version__
+
+        typer.echo(f"mine {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Lift kernels out of a running CUDA process and compile them into kern manifests."""
 
 # One module per stage; each exposes register(app). Listed in pipeline order.
 COMMAND_MODULES = (
@@ -48,19 +67,68 @@ for _name in COMMAND_MODULES:
         continue
     _mod.register(app)
 
+def _flags_take_no_value() -> None:
+    """Typer's rich help shows `<bool>` beside on/off flags (`--force`, `--decode`), which reads as
+    if they took a value; show nothing there, as for click's plain help. Guarded: the hook is
+    typer's, and a typer without it keeps its own rendering."""
+    from typer import core
+
+    show = getattr(core.TyperOption, "display_type_rich", None)
+    if show is None:
+        return
+
+    def display(self, ctx):
+        return None if self.is_flag else show(self, ctx)
+
+    core.TyperOption.display_type_rich = display
+
+
+_flags_take_no_value()
+
 USER_ERRORS = (OSError, ValueError, LookupError)
 
 
-def main() -> None:
-    err = Console(stderr=True)
+def _usage_errors():
+    """Click's usage-error classes, from typer's vendored click or from click itself."""
     try:
-        app()
-    except USER_ERRORS as exc:
-        err.print(f"[bold red]mine: error:[/] {exc}", highlight=False, soft_wrap=True)
+        from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    except ImportError:  # typers before click was vendored
+        from click.exceptions import UsageError
+
+        try:
+            from click.exceptions import NoArgsIsHelpError
+        except ImportError:
+            NoArgsIsHelpError = ()
+    return UsageError, NoArgsIsHelpError
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line; every error the user can cause ends as one line on stderr.
+
+    Typer's own handling of a usage error (a bad flag value, a missing option) draws a box of
+    several lines around it; here it is the same one sentence as every other user error, naming
+    the flag, with the command to ask for help."""
+    err = Console(stderr=True)
+    usage, no_args = _usage_errors()
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except no_args as exc:
+        exc.show()
         sys.exit(2)
-    except KeyboardInterrupt:
+    except usage as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "mine"
+        msg = exc.format_message().rstrip(".")
+        err.print(f"[bold red]mine: error:[/] {escape(msg)} (see `{escape(where)} -h`)", highlight=False,
+                  soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except USER_ERRORS as exc:
+        # escaped: messages quote user values and rule ids in brackets, which are not markup
+        err.print(f"[bold red]mine: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
         err.print("mine: interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -27,18 +27,21 @@ def analyze_cmd(
 ) -> None:
     """Find the passes in a dump, line up call sites, classify pointers and fit expressions.
 
+    \b
     Examples:
-
-      mine analyze dumped-kernels                  # the pid with the most launches
-
-      mine analyze dumped-kernels/pid123 --json analysis.json --plot timeline.png
-
-      mine analyze launches.jsonl.zst --gap-ms 5 --trace trace.json
+      mine analyze tests/fixtures/vllm/vllm-offline.tar.xz      # the pid with the most launches
+      mine analyze tests/fixtures/vllm/vllm-offline.tar.xz --json out/analysis.json --plot out/timeline.png
+      mine analyze tests/fixtures/vllm/vllm-serve.tar.xz --gap-ms 5 --trace out/trace.json
     """
+    from mine.checks import check_outputs
     from mining import plots, report
     from mining.analyze import analyze, to_json
     from mining.load import load_dump
 
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    # before the analysis: a wrong output path must not cost one, nor overwrite the capture
+    check_outputs([path], {"--json": json_out, "--plot": plot, "--trace": trace})
     dump = load_dump(path, pid=pid, cache=not no_cache)
     result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 import typer
 
@@ -24,15 +25,19 @@ def capture(
     skip: int = typer.Option(None, min=0, help="do not record the first N launches"),
     modules_only: bool = typer.Option(False, "--modules-only", help="record modules and cubins, no launches"),
     host_bytes: int = typer.Option(None, min=0, max=4096, help="bytes copied from a host pointee (64)"),
-    fmt: str = typer.Option("bin", "--format", help="launch records: bin (launches.bin: fixed binary records, "
-                            "pointers classified offline from the allocation log; lowest overhead) or json "
-                            "(launches.jsonl; docs/dump-format.md)"),
-    writer: str = typer.Option("mmap", help="mmap (no system call per launch) or write (one write(2) per record)"),
+    fmt: Literal["bin", "json"] = typer.Option(
+        "bin", "--format", help="launch records: bin (launches.bin: fixed binary records, pointers classified "
+        "offline from the allocation log; lowest overhead) or json (launches.jsonl; docs/dump-format.md)"),
+    writer: Literal["mmap", "write"] = typer.Option(
+        "mmap", help="mmap (no system call per launch) or write (one write(2) per record)"),
 ) -> None:
     """Run CMD with every cubin and kernel launch recorded.
 
     \b
     Examples:
+      mine capture -o out/dump -- python3 -c pass   # no CUDA here: an empty dump
+    \b
+    Examples (need a GPU and the model):
       mine capture -- python serve.py --model Qwen/Qwen3-4B
       mine capture -o dumps/qwen --include 'gemm|attn' --max-launches 100000 -- python bench.py
     """
@@ -54,5 +59,6 @@ def capture(
 def register(app: typer.Typer) -> None:
     app.command(
         "capture",
+        options_metavar="[OPTIONS] -- CMD [ARGS]...",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(capture)

@@ -7,7 +7,10 @@ against the config), writes
 OUT/qwen3.json (verified with `manifests.verify`; a rejection is a generator bug reported as one
 sentence), OUT/qwen3-bindings.safetensors (rope cos/sin, kv scale), and OUT/kernels/ (the dumped
 vLLM cubins by sha256, this repository's own kernels built with nvcc and checked against their
-kernels.toml pins), then runs the offline ABI check over OUT/kernels.
+kernels.toml pins), then runs the offline ABI check over OUT/kernels. The output folder is checked
+before the capture is read (`mine.checks.OutFolder`: refused when it holds files, unless
+`--force`; a `--force` run replaces what an earlier run wrote and keeps the user's other files),
+so a wrong `--out` costs no analysis.
 """
 
 from __future__ import annotations
@@ -71,14 +74,12 @@ def build_manifest(dump_path: Path, config: Path, kernels: Path, chunk: int, pid
     return cfg, mm, table, m
 
 
-def _kernels_dir(out: Path, mm, table, m: dict) -> list[str]:
+def _kernels_dir(out, mm, table, m: dict) -> list[str]:
     from manifests.kernels import nvcc_command
 
-    kdir = out / "kernels"
-    kdir.mkdir(parents=True, exist_ok=True)
     notes = []
     for name, ref in sorted(m["modules"].items()):
-        target = kdir / ref["source"]
+        target = out.path(f"kernels/{ref['source']}")
         src = mm.cubins.get(ref["sha256"])
         if src is not None:
             shutil.copyfile(src, target)
@@ -99,30 +100,41 @@ def _kernels_dir(out: Path, mm, table, m: dict) -> list[str]:
 
 
 def qwen3(
-    dump: Path = typer.Option(..., "--dump", help="The capture: a dump folder, a pid<N>/ folder or a launches file."),
+    dump: Path = typer.Option(..., "--dump", help="The capture: a dump folder (or its .tar.xz), a pid<N>/ folder "
+                              "or a launches file."),
     config: Path = typer.Option(..., "--config", help="The model's config.json."),
-    out: Path = typer.Option(..., "--out", help="Output folder (qwen3.json, qwen3-bindings.safetensors, kernels/)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (qwen3.json, qwen3-bindings.safetensors, kernels/)."),
+    force: bool = typer.Option(False, "--force", help="Write into an existing --out folder (files of an earlier "
+                               "run there are replaced, other files kept)."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder: check every bound tensor is there."),
     chunk: int = typer.Option(2048, help="Most rows one prefill call takes."),
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
-    kernels: Path = typer.Option(ROOT / "kernels.toml", show_default="kernels.toml of this repository",
-                                 help="kernels.toml with the own kernels' pins."),
+    kernels_toml: Path = typer.Option(ROOT / "kernels.toml", "--kernels-toml", show_default="kernels.toml of this "
+                                      "repository", help="kernels.toml with the own kernels' pins."),
+    kernels: Optional[Path] = typer.Option(None, "--kernels", hidden=True),
     analysis: Optional[Path] = typer.Option(None, "--analysis",
                                             help="The capture's analysis (`mine analyze --json`); computed when omitted."),
 ) -> None:
     """Generate the Qwen3 kern manifest from a vLLM capture.
 
-    Example:
-      mine gen qwen3 --dump tests/fixtures/vllm --config examples/vllm_qwen3/reference/config.json --out manifests/qwen3/
-      mine analyze D --json a.json && mine gen qwen3 --dump D --analysis a.json --config config.json --out out/
+    \b
+    Examples:
+      mine gen qwen3 --dump tests/fixtures/vllm/vllm-offline.tar.xz --config examples/vllm_qwen3/reference/config.json -o out/qwen3
+      mine analyze tests/fixtures/vllm/vllm-offline.tar.xz --json out/a.json && mine gen qwen3 --dump tests/fixtures/vllm/vllm-offline.tar.xz --analysis out/a.json --config examples/vllm_qwen3/reference/config.json -o out/qwen3b
     """
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
     from manifests.abi import check_abi
+    from mine.checks import OutFolder
 
     if chunk < 1:
         raise ValueError(f"--chunk must be at least 1, got {chunk}")
-    cfg, mm, table, m = build_manifest(dump, config, kernels, chunk, pid, analysis)
+    toml = kernels if kernels is not None else kernels_toml
+    for flag, given in (("--dump", dump), ("--config", config), ("--analysis", analysis), ("--weights", weights)):
+        if given is not None and not given.exists():
+            raise FileNotFoundError(f"{flag} {given}: no such file or folder")
+    folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
+    cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)
     if weights is not None:
         files = sorted(Path(weights).glob("*.safetensors"))
         if not files:
@@ -131,10 +143,10 @@ def qwen3(
                                                              if not any(s["tensor"].startswith("mine.") for s in v.get("bind", []))}}, files)
         if problems:
             raise ValueError(f"the checkpoint does not fit the manifest: {problems[0]} ({len(problems)} problem(s))")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qwen3.json").write_text(dumps(m))
-    bindings.write(out / "qwen3-bindings.safetensors", cfg, mm.table_width * mm.block_size)
-    notes = _kernels_dir(out, mm, table, m)
+    folder.path("qwen3.json").write_text(dumps(m))
+    bindings.write(folder.path("qwen3-bindings.safetensors"), cfg, mm.table_width * mm.block_size)
+    notes = _kernels_dir(folder, mm, table, m)
+    folder.finish()
     unpinned = sorted(n for n, r in m["modules"].items() if table.by_sha256(r["sha256"]) is None)
     problems = check_abi(m, out / "kernels")
     checkable = [d for d in problems if d.rule != "abi.module-file"]

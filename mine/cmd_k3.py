@@ -1,4 +1,8 @@
-"""`mine k3 memory` and `mine k3 binds`: per-rank memory and checkpoint binds of a K3 manifest."""
+"""`mine k3 memory` and `mine k3 binds`: per-rank memory and checkpoint binds of a K3 manifest.
+
+Both read fields the verifier vouches for (buffer shapes, dtypes, binds), so the manifest is
+verified first and refused with the verifier's first finding (`mine.checks.read_manifest`).
+"""
 
 from __future__ import annotations
 
@@ -10,22 +14,27 @@ k3_app = typer.Typer(help="Inspect Kimi-K3 manifests (no GPU).", no_args_is_help
 
 
 def _load(path: Path) -> dict:
-    from manifests.jsonload import load_path
+    from mine.checks import read_manifest
 
-    m = load_path(path)
-    if not isinstance(m, dict) or not isinstance(m.get("buffers"), dict):
-        raise ValueError(f"{path}: not a kern manifest (no `buffers` table)")
-    return m
+    return read_manifest(path)
 
 
 @k3_app.command("memory")
-def memory(manifest: Path, hbm: float = typer.Option(274.2, help="HBM per GPU, GiB."),
+def memory(manifest: Path = typer.Argument(..., help="Manifest JSON (verified first)."),
+           hbm: float = typer.Option(274.2, help="HBM per GPU, GiB."),
            reserve: float = typer.Option(8.0, help="Reserved for the runtime, GiB.")) -> None:
     """Per-rank bytes by buffer kind, per-sequence state slots, KV tokens that fit.
 
-    Example: mine k3 memory manifests/k3/224/d.json --hbm 139
+    \b
+    Example:
+      mine k3 memory manifests/k3/224/d.json --hbm 139
     """
     from generators.k3.memory import GIB, rank_memory
+
+    if not hbm > 0:
+        raise ValueError(f"--hbm must be more than 0 GiB, got {hbm}")
+    if not 0 <= reserve < hbm:
+        raise ValueError(f"--reserve must be at least 0 and less than --hbm ({hbm} GiB), got {reserve}")
 
     r = rank_memory(_load(manifest), hbm, reserve)
     for kind, n in r["by_kind"].items():
@@ -36,10 +45,13 @@ def memory(manifest: Path, hbm: float = typer.Option(274.2, help="HBM per GPU, G
 
 
 @k3_app.command("binds")
-def binds(manifest: Path, checkpoint_dir: Path) -> None:
+def binds(manifest: Path = typer.Argument(..., help="Manifest JSON (verified first)."),
+          checkpoint_dir: Path = typer.Argument(..., help="Checkpoint folder of *.safetensors files.")) -> None:
     """Check every weight bind against the checkpoint's safetensors headers (no weights read).
 
-    Example: mine k3 binds manifests/k3/224/d.json /models/kimi-k3-pruned-75pct
+    \b
+    Example (needs the checkpoint):
+      mine k3 binds manifests/k3/224/d.json /models/kimi-k3-pruned-75pct
     """
     from generators.k3.binds import check_binds, read_checkpoint
 
