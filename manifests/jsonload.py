@@ -9,8 +9,6 @@ Errors are `ManifestReadError` (a `ValueError`) or `OSError`, each one sentence.
 Numbers and strings are read the way kern's reader (serde_json) reads them, probed: `-0` is the
 float -0.0 (so it is no integer), a float literal beyond f64 is an error, a lone surrogate escape
 (`\ud800` without its pair) is an error, and bytes are strict UTF-8 without a byte-order mark.
-`pairs=True` leaves every object as a tuple of (key, value) pairs for `model` to check for
-duplicates: C speed for a 40 MB manifest instead of a Python hook per object.
 """
 
 from __future__ import annotations
@@ -72,12 +70,12 @@ def _lone_surrogate(v) -> bool:
         return _SURROGATE_CHAR.search(v) is not None
     if t is dict:
         return any(_lone_surrogate(k) or _lone_surrogate(x) for k, x in v.items())
-    if t is list or t is tuple:
+    if t is list:
         return any(_lone_surrogate(x) for x in v)
     return False
 
 
-def loads(text: str | bytes, pairs: bool = False) -> object:
+def loads(text: str | bytes) -> object:
     """Parse JSON text; duplicate keys and NaN/Infinity literals are errors, not silently kept."""
     if isinstance(text, (bytes, bytearray)):
         try:
@@ -85,7 +83,7 @@ def loads(text: str | bytes, pairs: bool = False) -> object:
         except UnicodeDecodeError:
             raise ManifestReadError("not a manifest: the file is not UTF-8 text") from None
     hooks: dict = {"parse_constant": _reject_constant, "parse_float": _float,
-                   "object_pairs_hook": tuple if pairs else _no_duplicates}
+                   "object_pairs_hook": _no_duplicates}
     if "-0" in text:  # rare; a hook on every integer would cost a Python call each
         hooks["parse_int"] = _int
     try:
@@ -106,7 +104,7 @@ def loads(text: str | bytes, pairs: bool = False) -> object:
     return obj
 
 
-def load_path(path: str | os.PathLike, max_bytes: int = MAX_BYTES, pairs: bool = False) -> object:
+def load_path(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> object:
     """Read a manifest file, sniffing its size and first bytes so garbage fails fast."""
     p = Path(path)
     if not p.exists():
@@ -130,6 +128,6 @@ def load_path(path: str | os.PathLike, max_bytes: int = MAX_BYTES, pairs: bool =
     except UnicodeDecodeError:
         raise ManifestReadError(f"{p}: not a manifest: the file is not UTF-8 text") from None
     try:
-        return loads(text, pairs)
+        return loads(text)
     except ManifestReadError as exc:
         raise ManifestReadError(f"{p}: {exc}") from None

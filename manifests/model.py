@@ -44,6 +44,7 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     STR,
     Struct,
     TMA_DTYPES,
+    U16,
     U32,
     U64,
     U8,
@@ -326,8 +327,8 @@ class GemmAlgo:
     reduction: int = W(U32, required=True)
     swizzle: int = W(U32, required=True)
     custom: int = W(U32, required=True)
-    inner_shape: int = W(U32, required=True)
-    cluster_shape: int = W(U32, required=True)
+    inner_shape: int = W(U16, required=True)  # u16 in kern (probed: 65536 is refused)
+    cluster_shape: int = W(U16, required=True)
 
 
 @dataclass
@@ -423,13 +424,12 @@ class UnionT:
         d = _obj(v)
         if d is not None:
             if len(d) == 2 and "group" in d and self.key in d:
-                out = {}
-                for key, typ in (("group", STR), (self.key, self.items)):
-                    try:
-                        out[key] = typ.parse(d[key], ctx)
-                    except ModelError as exc:
-                        raise exc.within(f".{key}") from None
-                return out
+                if type(d["group"]) is not str:
+                    raise ModelError("$.group", f"expected a string, got {_kind(d['group'])}")
+                try:
+                    return {"group": d["group"], self.key: self.items.parse(d[self.key], ctx)}
+                except ModelError as exc:
+                    raise exc.within(f".{self.key}") from None
             raise ModelError("$", f"not a {self.what}")
         try:
             return self.plain.parse(v, ctx)

@@ -310,7 +310,7 @@ def _tensor_source(s: Scope, src, path: str) -> None:
     if isinstance(src, dict):
         names = src["tensors"]
         _group_count(s, src["group"], len(names), path, "tensor names")
-    if any(not n for n in names):
+    if "" in names:
         s.add("bind.empty_tensor", path, "empty tensor name")
 
 

@@ -349,9 +349,10 @@ def _tensormap(s: Scope, st: _OpState, tm, path: str) -> None:
         s.add("tensormap.malformed", path, "malformed tensormap: needs " + ", ".join(bad))
         return
     dims = tm.dims if tm.dims[-1] else tm.dims[:-1]
-    foot = (dims[0] * TMA_BITS[tm.dtype] + 7) // 8 if dims else 0
-    foot += sum((d - 1) * x for d, x in zip(dims[1:], tm.strides or []))
-    overflow = foot > 2**64 - 1
+    bits = dims[0] * TMA_BITS[tm.dtype] if dims else 0
+    foot = (bits + 7) // 8 + sum((d - 1) * x for d, x in zip(dims[1:], tm.strides or []))
+    # kern counts the innermost extent in bits first (probed: 2^61 u8 elements overflow)
+    overflow = bits > 2**64 - 1 or foot > 2**64 - 1
     if tm.wrap and not overflow:
         s.add("tensormap.needless_wrap", path, "`wrap` on a tensormap whose strides do not "
               "overflow")

@@ -7,10 +7,8 @@ has which fields. Values are checked where they are read and every failure is a 
 the JSON path; `constants` are substituted through `_Ctx`. Nothing here knows a manifest's
 cross-references (that is `verify`).
 
-A JSON object arrives either as a dict or, straight from `jsonload.loads_pairs`, as a tuple of
-(key, value) pairs whose duplicate keys are found here (`_obj`), so a strict read of a big manifest
-does not pay for a Python hook per object. Paths are built only when something fails: a container
-adds its own step to the error on the way out, so the accepted case never formats a path.
+Paths are built only when something fails: a container adds its own step to the error on the way
+out, so reading an accepted manifest never formats a path (that was most of the parse's time).
 """
 
 from __future__ import annotations
@@ -45,8 +43,8 @@ class ModelError(ValueError):
 
     `path` is where, `fact` what. `fatal` marks a fault kern finds while reading the whole
     document, before it tries the members of an untagged union, so no other member may rescue
-    it: "json" for the text itself (nesting depth, a duplicate key, a number out of range: what
-    `jsonload` reports for a decoded dict), "constant" for an undefined constant.
+    it: "json" for the text itself (nesting depth, a number out of range: faults of the JSON
+    that only the schema tells apart from content), "constant" for an undefined constant.
     """
 
     def __init__(self, path: str, fact: str, fatal: str | bool = False):
@@ -60,29 +58,17 @@ class ModelError(ValueError):
 
 
 def _obj(v) -> dict | None:
-    """A JSON object as a dict (duplicate keys refused), or None for anything else."""
-    t = type(v)
-    if t is dict:
-        return v
-    if t is tuple:
-        d = dict(v)
-        if len(d) != len(v):
-            seen: set = set()
-            for key, _ in v:
-                if key in seen:
-                    raise ModelError("$", f"duplicate key `{key}` in a JSON object", fatal="json")
-                seen.add(key)
-        return d
-    return None
+    """A JSON object, or None for anything else (`jsonload` has refused duplicate keys)."""
+    return v if type(v) is dict else None
 
 
 def check_junk(v, depth: int) -> None:
-    """What kern still reads in a value it then ignores: depth, duplicate keys, f64 range."""
+    """What kern still reads in a value it then ignores: its depth and its numbers' f64 range."""
     t = type(v)
-    if t is dict or t is tuple or t is list:
+    if t is dict or t is list:
         if depth > MAX_DEPTH:
             raise ModelError("$", f"JSON nesting deeper than {MAX_DEPTH} levels", fatal="json")
-        items = _obj(v).values() if t is not list else v
+        items = v.values() if t is dict else v
         for x in items:
             check_junk(x, depth + 1)
     elif t is int and not -F64_MAX <= v <= F64_MAX:
@@ -136,6 +122,7 @@ class Int:
 
 U64 = Int("u64", 0, 2**64 - 1)
 U32 = Int("u32", 0, 2**32 - 1)
+U16 = Int("u16", 0, 2**16 - 1)
 I32 = Int("i32", -2**31, 2**31 - 1)
 I64 = Int("i64", -2**63, 2**63 - 1)
 U8 = Int("u8", 0, 255)
@@ -235,6 +222,8 @@ class ListOf:
             raise ModelError("$", f"expected an array, got {_kind(v)}")
         if self.length is not None and len(v) != self.length:
             raise ModelError("$", f"expected {self.length} entries, got {len(v)}")
+        if type(self.item) is Plain and set(map(type, v)) <= {self.item.typ}:
+            return v[:]  # a list of plain strings (tensor names): checked at C speed
         parse = self.item.parse
         try:
             return [parse(x, ctx) for x in v]
@@ -271,8 +260,6 @@ def _kind(v) -> str:
         return f"integer {v}"
     if isinstance(v, float):
         return f"float {v}"
-    if isinstance(v, tuple):
-        return "an object"
     return {str: "a string", list: "an array", dict: "an object", type(None): "null"}.get(
         type(v), type(v).__name__)
 

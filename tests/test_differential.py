@@ -1,5 +1,6 @@
 """Differential test: our verdict (accept/reject) equals kern-llm 0.3.1's on every manifest of
-the corpus -- the base manifests plus every single-edit mutant `mutate.mutants` derives from them.
+the corpus -- the base manifests plus every single-edit mutant `mutate.mutants` derives from them
+-- and, in the slow test, on 21,000 seeded random mutants of seven families (`mutate_gen`).
 
 kern is the oracle: a manifest it rejects raises ValueError ("manifest failed verification");
 one it accepts goes on to load the CUDA driver, which on a machine without a GPU panics (a
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import mutate_gen
 from manifests import jsonload, kern_oracle
-from manifests.verify import verify
+from manifests.verify import verify, verify_file
 from mutate import mutants
 
 pytest.importorskip("kern")
@@ -71,3 +73,43 @@ def test_verdicts_match_kern(tmp_path, monkeypatch):
         disagreements[:50])
     # The corpus must exercise both verdicts in bulk, or it proves little.
     assert rejected > len(items) // 2 and len(items) - rejected > 200
+
+
+GENERATED = 21_000  # 3,000 of each of the seven families of mutate_gen (six plus combined)
+
+
+@pytest.mark.slow
+def test_generated_verdicts_match_kern(tmp_path, monkeypatch):
+    """The wide differential: seeded random mutants of every family (tests/mutate_gen.py), each
+    read the way `mine verify` reads a file (`verify_file`); kern's verdict on the same bytes.
+    Our side may reject by diagnostics or by an unreadable-input error, never by a traceback."""
+    monkeypatch.setenv("RUST_BACKTRACE", "0")
+    bases = {p.stem: json.loads(p.read_text()) for p in sorted(CORPUS.glob("*.json"))}
+    items = mutate_gen.generate(bases, GENERATED)
+    path = tmp_path / "m.json"
+    disagreements, tracebacks = [], []
+    per_family: dict[str, list[int]] = {}
+    with kern_oracle.quiet_stderr():
+        for label, data in items:
+            path.write_bytes(data)
+            # any ValueError is a verdict here: JSON faults (bad UTF-8, depth) are not reported
+            # as "failed verification" but as kern's reader's own sentence
+            theirs = kern_oracle.verdict(path, tmp_path).accepted
+            try:
+                ours = not verify_file(path)
+            except (ValueError, OSError):  # `mine verify` exit 2: one sentence, a rejection
+                ours = False
+            except Exception as exc:  # noqa: BLE001 - the finding this test exists for
+                tracebacks.append(f"{label}: {exc!r}")
+                continue
+            counts = per_family.setdefault(label.split("[")[1].split("]")[0], [0, 0])
+            counts[theirs] += 1
+            if theirs != ours:
+                disagreements.append(f"{label}: kern {'accepts' if theirs else 'rejects'}")
+    assert tracebacks == [], "\n".join(tracebacks[:20])
+    assert disagreements == [], f"{len(disagreements)} of {len(items)}:\n" + "\n".join(
+        disagreements[:50])
+    assert set(per_family) == set(mutate_gen.FAMILIES) | {"combined"}
+    for family, (rejected, accepted) in per_family.items():
+        # every family makes both verdicts in bulk, or it proves little
+        assert rejected >= 300 and accepted >= 100, (family, rejected, accepted)

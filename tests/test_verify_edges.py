@@ -344,6 +344,28 @@ case("domain min above max at maxima only", _dom({"mul": ["ctx", 1024]}, 1000000
 case("grid y overflow", _sgrid({"mul": ["seqs", 2**62]}, 1), REJ)
 
 
+def _tensormap(dims, strides, box, dtype="u8", wrap=None):
+    def fn(d):
+        t = d["ops"]["moe"]["impl"]["launches"][0]["args"][0]["pack"]["fields"][12]["tensormap"]
+        t.update(dims=dims, strides=strides, box=box, dtype=dtype)
+        if wrap is not None:
+            t["wrap"] = wrap
+    return edit(MULTIRANK, fn)
+
+
+# the innermost extent is counted in bits before bytes
+case("tensormap 2^61-16 u8 elements", _tensormap([2**61 - 16, 0], [2048], [128, 8]), ACC)
+case("tensormap 2^61 u8 elements overflow", _tensormap([2**61, 0], [2048], [128, 8]), REJ)
+case("tensormap 2^61 u8 elements with wrap", _tensormap([2**61, 0], [2048], [128, 8], wrap=True), ACC)
+case("tensormap 2^59 bf16 elements", _tensormap([2**59, 1], [2048], [64, 8], "bf16"), ACC)
+case("tensormap 2^60 bf16 elements overflow", _tensormap([2**60, 1], [2048], [64, 8], "bf16"), REJ)
+# cuBLASLt algo: inner_shape and cluster_shape are u16
+for _f, _v, _ok in [("inner_shape", 65535, ACC), ("inner_shape", 65536, REJ), ("cluster_shape", 65536, REJ),
+                    ("tile", 2**32 - 1, ACC), ("split_k", -1, ACC), ("tile", -1, REJ)]:
+    case(f"algo {_f} {_v}", edit(SERVING, lambda d: d["ops"]["proj"]["impl"]["launches"][0]["algo"]
+                                 .__setitem__(_f, _v)), _ok)
+
+
 def _as_bytes(doc) -> bytes:
     if isinstance(doc, bytes):
         return doc
