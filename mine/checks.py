@@ -10,6 +10,7 @@ commands call these first:
 - `check_outputs(inputs, outputs)` refuses an output path that is one of the inputs (or lies
   inside an input folder), two outputs that are one path, and an output whose folder does not
   exist, before anything is read.
+- `archive_named(path)` makes errors about an unpacked archive's members name the archive.
 - `OutFolder` owns an `--out` folder: an existing non-empty folder is refused unless `--force`;
   the files a run writes are listed in `OUT/.mine-written`, so that a `--force` run removes the
   files of an earlier run it does not write again (a stale `stage2.json` of another cut) and
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -156,3 +159,25 @@ class OutFolder:
                 removed.append(rel)
         (self.root / WRITTEN).write_text(json.dumps(sorted(self.written), indent=1) + "\n")
         return removed
+
+
+@contextmanager
+def archive_named(path: Optional[Path]):
+    """Errors about an archive's unpacked members name the archive the user gave.
+
+    Why: a dump archive is read from the folder it is unpacked into (`mining.archive`), so reader
+    errors name `.../.mine-cache/<archive>-<size>-<mtime>/pid600/launches.jsonl`, a path the user
+    never typed. Within this block such a message names `<archive>:pid600/launches.jsonl`."""
+    from mining.archive import SUFFIXES
+
+    if path is None or not str(path).endswith(SUFFIXES):
+        yield
+        return
+    cache = re.compile(r"[^\s'\"`]*\.mine-cache/" + re.escape(Path(path).name) + r"-\d+-\d+(\.partial)?/?")
+    try:
+        yield
+    except (OSError, ValueError, LookupError) as exc:
+        text = str(exc)
+        if not cache.search(text):
+            raise
+        raise UsageError(cache.sub(lambda m: f"{path}:" if m.group(0).endswith("/") else str(path), text)) from None

@@ -125,7 +125,7 @@ def qwen3(
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
     from manifests.abi import check_abi
-    from mine.checks import OutFolder
+    from mine.checks import OutFolder, archive_named
 
     if chunk < 1:
         raise ValueError(f"--chunk must be at least 1, got {chunk}")
@@ -134,7 +134,8 @@ def qwen3(
         if given is not None and not given.exists():
             raise FileNotFoundError(f"{flag} {given}: no such file or folder")
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
-    cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)
+    with archive_named(dump):
+        cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)
     if weights is not None:
         files = sorted(Path(weights).glob("*.safetensors"))
         if not files:
