@@ -283,15 +283,15 @@ class Struct:
                        for f in dataclasses.fields(cls)]
         self.table = {k: (name, typ.parse, nullable) for k, name, typ, _, nullable in self.fields}
         self.required = [k for k, _, _, req, _ in self.fields if req]
+        self.required_keys = frozenset(self.required)
         self.listed = ", ".join(k for k, *_ in self.fields)
 
     def parse(self, v, ctx):
-        d = _obj(v)
-        if d is None:
+        if type(v) is not dict:
             raise ModelError("$", f"expected an object, got {_kind(v)}")
         kw = {}
         table = self.table
-        for key, x in d.items():
+        for key, x in v.items():
             spec = table.get(key)
             if spec is None:
                 raise ModelError("$", f"unknown field `{key}`, expected one of {self.listed}")
@@ -302,9 +302,9 @@ class Struct:
                 kw[name] = parse(x, ctx)
             except ModelError as exc:
                 raise exc.within(f".{key}") from None
-        for key in self.required:
-            if key not in d:
-                raise ModelError("$", f"missing field `{key}`")
+        if not v.keys() >= self.required_keys:
+            missing = next(k for k in self.required if k not in v)
+            raise ModelError("$", f"missing field `{missing}`")
         return self.cls(**kw)
 
     def dump(self, obj):

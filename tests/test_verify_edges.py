@@ -66,6 +66,13 @@ for s, v in [(" i32", ACC), ("i32\u3000", ACC), ("i 32", REJ), ("I32", REJ), ("i
     case(f"scalar type {s!r}", _ptype(s, 2), v)
 
 
+for s, v in [("bytes<+320>", ACC), ("bytes<0320>", ACC), (" bytes<320>\u3000", ACC), ("bytes< 320>", REJ),
+             ("bytes <320>", REJ), ("Bytes<320>", REJ), ("bytes<３２０>", REJ), ("bytes<0x140>", REJ),
+             ("bytes<-320>", REJ)]:
+    case(f"launch param type {s!r}", edit(MULTIRANK, lambda d: d["ops"]["moe"]["impl"]["launches"][0]
+                                          ["params"].__setitem__(0, s)), v)
+
+
 # ---- module sha256 and sources ------------------------------------------------------------
 def _mod(key, s):
     return edit(BASE, lambda d: d["modules"]["dbl"].__setitem__(key, s))
