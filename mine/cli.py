@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     err = Console(stderr=True)
     usage, no_args = _usage_errors()
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, prog_name="mine", standalone_mode=False)
     except no_args as exc:
         exc.show()
         sys.exit(2)

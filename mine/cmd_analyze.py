@@ -24,12 +24,17 @@ def analyze_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the launch timeline as PNG"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON"),
     no_cache: bool = typer.Option(False, "--no-cache", help="do not read or write .mine-cache/"),
+    section: Optional[str] = typer.Option(None, "--section", help="report sections, comma-separated: forwards, "
+                                          "layers, strides, pointers, fits, failures, partial, layout, names "
+                                          "(default: forwards,layers, one screen)"),
+    full: bool = typer.Option(False, "--full", help="the whole report: every section, every row"),
 ) -> None:
     """Find the passes in a dump, line up call sites, classify pointers and fit expressions.
 
     \b
     Examples:
       mine analyze tests/fixtures/vllm/vllm-offline.tar.xz      # the pid with the most launches
+      mine analyze tests/fixtures/vllm/vllm-offline.tar.xz --section fits,failures,names
       mine analyze tests/fixtures/vllm/vllm-offline.tar.xz --json out/analysis.json --plot out/timeline.png
       mine analyze tests/fixtures/vllm/vllm-serve.tar.xz --gap-ms 5 --trace out/trace.json
     """
@@ -38,6 +43,7 @@ def analyze_cmd(
     from mining.analyze import analyze, to_json
     from mining.load import load_dump
 
+    sections = report.parse_sections(section)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture
@@ -45,7 +51,7 @@ def analyze_cmd(
     with archive_named(path):
         dump = load_dump(path, pid=pid, cache=not no_cache)
         result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
-    report.render(result)
+    report.render(result, sections=sections, full=full, label=str(path))
     _print_damage(dump)
     if json_out:
         json_out.write_text(json.dumps(to_json(result), indent=1))

@@ -2,14 +2,30 @@
 
 Why: the same summaries serve `mine analyze` and `notebooks/explore_dump.ipynb`, so the tabulating
 lives here as pure functions Analysis -> DataFrame, and `render` only lays those frames out.
-Symbols are shown demangled-short (the `name` column when the capture gave one).
+
+The terminal report must read at 80 columns as at 200: kernels are shown by a short name (the
+function's own name without namespaces, template arguments and parameters; cuBLASLt's nvjet GEMM
+variants as one `nvjet` family) with the full names in the `names` section's legend; table cells
+never wrap (ellipsis); strides are integers or "varies"; counts carry thousands separators. The
+default is one screen for the main job (summary, forwards grouped by shape, layer 0's call sites,
+one line per remaining section); `sections=` picks sections, `full=True` prints them all.
 """
 
 from __future__ import annotations
 
+import math
+import re
+
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+SECTIONS = ("forwards", "layers", "strides", "pointers", "fits", "failures", "partial", "layout", "names")
+DEFAULT = ("forwards", "layers")
+# kernel families whose many tile/variant kernels read as one name (GEMM libraries)
+FAMILIES = ((re.compile(r"^nvjet_"), "nvjet"), (re.compile(r"^sm\d+_xmma_gemm"), "xmma_gemm"),
+            (re.compile(r"^(void )?cutlass.*gemm", re.I), "cutlass_gemm"))
 
 
 def short(sym: str, width: int = 48) -> str:
@@ -98,54 +114,299 @@ def pointer_roles(a) -> pd.DataFrame:
                          "allocations": g["buffer_id"].nunique()}).reset_index()
 
 
-def _table(console: Console, title: str, df: pd.DataFrame, limit: int = 40) -> None:
-    t = Table(title=title, title_justify="left", show_lines=False)
-    for c in df.columns:
-        t.add_column(str(c))
-    for row in df.head(limit).itertuples(index=False):
-        t.add_row(*[short(str(v), 60) for v in row])
+def _strip_groups(text: str) -> str:
+    """Drop balanced <...> and (...) groups (template arguments, parameters)."""
+    out, depth = [], 0
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    return "".join(out)
+
+
+def short_name(sym: str, name: str = "") -> str:
+    """A kernel's short name: its GEMM family, else the function's own identifier."""
+    for pat, family in FAMILIES:
+        if pat.search(sym) or (name and pat.search(name)):
+            return family
+    text = name or sym
+    if text.startswith("_Z"):  # mangled, no demangled name captured: the first source name in it
+        words, i = [], 2 + (text[2:3] == "N")
+        while i < len(text) and text[i].isdigit():
+            j = i
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            n = int(text[i:j])
+            words.append(text[j:j + n])
+            i = j + n
+        return words[-1] if words else short(text, 32)
+    bare = _strip_groups(text).strip().split(" ")[-1]
+    return short(bare.split("::")[-1] or text, 40)
+
+
+def short_names(a) -> dict[str, str]:
+    nm = names(a)
+    return {s: short_name(s, n if n != s else "") for s, n in nm.items()}
+
+
+def _int(v) -> str:
+    return f"{int(v):,}"
+
+
+def _stride(v) -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return "varies"
+    return "varies" if math.isnan(f) else f"{int(f):,}"
+
+
+def _runs(nums) -> str:
+    """1,2,3,5 -> "1-3,5"."""
+    nums = sorted(int(n) for n in nums)
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _counts(d: dict) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in d.items())
+
+
+def forward_groups(a) -> pd.DataFrame:
+    """Forwards of one shape (phase, tokens, pattern, launches) as one row, with their numbers."""
+    f = a.forwards
+    if f.empty:
+        return pd.DataFrame(columns=["forwards", "phase", "tokens", "pattern", "launches", "cut_by"])
+    keys = [c for c in ("phase", "tokens", "pattern", "n_launches") if c in f]
+    rows = []
+    for key, g in f.groupby(keys, sort=False, dropna=False):
+        key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        rows.append({"forwards": _runs(g["forward"]), "n": len(g), "phase": key.get("phase", ""),
+                     "tokens": key.get("tokens"), "pattern": key.get("pattern", ""),
+                     "launches": key.get("n_launches"),
+                     "cut_by": ", ".join(sorted(set(map(str, g["cut_by"])))) if "cut_by" in g else ""})
+    out = pd.DataFrame(rows)
+    out["first"] = [int(str(r).split(",")[0].split("-")[0]) for r in out["forwards"]]
+    return out.sort_values("first").drop(columns="first").reset_index(drop=True)
+
+
+def layer_sites(a) -> pd.DataFrame:
+    """Layer 0's call sites by position, kernels shortened and a family's variants at one position
+    counted as one row (`nvjet ×6`); `forwards` is the most forwards one of its sites is in."""
+    t = layer_table(a)
+    if t.empty:
+        return pd.DataFrame(columns=["pos", "kernel", "sites", "forwards"])
+    sn = short_names(a)
+    idx = a.sites.index
+    lay = idx[idx["layer"] == 0].sort_values("pos")
+    t = pd.DataFrame({"pos": lay["pos"].to_numpy(), "kernel": [sn.get(s, s) for s in lay["symbol"]],
+                      "forwards": lay["n_forwards"].to_numpy()})
+    rows = []
+    for pos, g in t.groupby("pos", sort=True):
+        parts = []
+        for k, kg in g.groupby("kernel", sort=False):
+            parts.append(f"{k} ×{len(kg)}" if len(kg) > 1 else k)
+        rows.append({"pos": int(pos), "kernel": " + ".join(parts), "sites": len(g),
+                     "forwards": int(g["forwards"].max())})
+    return pd.DataFrame(rows)
+
+
+def stride_groups(a) -> pd.DataFrame:
+    """Per-layer address strides, the words of one kernel, role and stride at a position counted
+    as one row; a stride that is not constant over the layers reads "varies"."""
+    s = a.strides
+    if s.empty:
+        return pd.DataFrame(columns=["pos", "kernel", "role", "stride", "words", "layers"])
+    sn = short_names(a)
+    s = s.assign(kernel=[sn.get(x, x) for x in s["symbol"]], stride_s=[_stride(v) for v in s["stride"]])
+    g = s.groupby(["pos", "kernel", "role", "stride_s"], sort=True, observed=True)
+    out = g.agg(words=("i", "size"), layers=("layers", "max")).reset_index().rename(columns={"stride_s": "stride"})
+    return out[["pos", "kernel", "role", "stride", "words", "layers"]]
+
+
+def failure_groups(a) -> pd.DataFrame:
+    """`failures` with kernels shortened: a family's variants of one field and status are one row."""
+    f = a.fits
+    if f.empty:
+        return pd.DataFrame(columns=["kernel", "field", "status", "sites", "kernels", "why"])
+    bad = f[~f["status"].isin(["fit", "piecewise"])]
+    sn = short_names(a)
+    bad = bad.assign(kernel=[sn.get(x, x) for x in bad["symbol"]])
+    g = bad.groupby(["kernel", "field", "status"], observed=True, sort=True)
+    out = g.agg(sites=("site", "nunique"), kernels=("symbol", "nunique"), why=("note", "first")).reset_index()
+    return out
+
+
+def fit_rows(a) -> pd.DataFrame:
+    """`layer_fits` of layer 0, kernels shortened, a family's variants with one field, status and
+    expression as one row (`kernels` counts them); the alternatives are in --json."""
+    f = layer_fits(a)
+    if f.empty:
+        return f
+    sn = {n: short_name(s, n) for s, n in names(a).items()}
+    f = f.assign(kernel=[sn.get(k, k) for k in f["kernel"]], expr=f["expr"].fillna(""))
+    keys = ["pos", "kernel", "field", "status", "expr"]
+    g = f.groupby(keys, sort=False, dropna=False)
+    out = g.agg(kernels=("points", "size"), points=("points", "max"),
+                holdout=("holdout", lambda h: ", ".join(sorted(set(map(str, h)))))).reset_index()
+    return out[["pos", "kernel", "field", "status", "expr", "kernels", "points", "holdout"]]
+
+
+def legend(a) -> pd.DataFrame:
+    """Short name -> the kernels it stands for (how many, and the first full name)."""
+    nm = names(a)
+    L = a.dump.launches
+    launches = L["symbol"].astype(str).value_counts()
+    rows: dict[str, dict] = {}
+    for s, n in nm.items():
+        k = short_name(s, n if n != s else "")
+        r = rows.setdefault(k, {"short": k, "kernels": 0, "launches": 0, "full name": n})
+        r["kernels"] += 1
+        r["launches"] += int(launches.get(s, 0))
+    return pd.DataFrame(sorted(rows.values(), key=lambda r: -r["launches"]))
+
+
+def _cell(v) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu"):
+        return _int(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        return _int(v) if v.is_integer() and abs(v) >= 1000 else (str(int(v)) if v.is_integer() else f"{v:.3g}")
+    if isinstance(v, dict):
+        return _counts(v)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def _table(console: Console, title: str, df: pd.DataFrame, limit: int = 40, wide: tuple = ()) -> None:
+    """One table, a row a line: cells never wrap. When the table is wider than the console, the
+    `wide` columns (names, expressions; else the widest) are cut to what is left, with an
+    ellipsis: rich itself would drop whole columns of cells that may not wrap."""
+    cells = [[escape(_cell(v)) for v in row] for row in df.head(limit).itertuples(index=False)]
+    cols = [str(c) for c in df.columns]
+    natural = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    room = console.width - 2 * (len(cols) - 1)
+    caps = [None] * len(cols)
+    if sum(natural) > room and cols:
+        # water-fill: one cap for the widest columns, so that the table fits; `wide` ones first
+        give = [i for i, c in enumerate(cols) if c in wide]
+        for pool in ([give] if give else []) + [list(range(len(cols)))]:
+            fixed = sum(w for i, w in enumerate(natural) if i not in pool)
+            cap = _water(sorted(natural[i] for i in pool), room - fixed)
+            if cap is not None:
+                caps = [min(natural[i], cap) if i in pool else None for i in range(len(cols))]
+                break
+        else:
+            caps = [max(6, room // len(cols))] * len(cols)
+    t = Table(title=title, title_justify="left", show_lines=False, box=None, header_style="bold",
+              pad_edge=False, padding=(0, 1))
+    for i, c in enumerate(df.columns):
+        t.add_column(str(c), no_wrap=True, overflow="ellipsis", max_width=caps[i], min_width=min(natural[i], caps[i] or natural[i]),
+                     justify="right" if pd.api.types.is_numeric_dtype(df[c]) else "left")
+    for row in cells:
+        t.add_row(*row)
     console.print(t)
     if len(df) > limit:
-        console.print(f"  … {len(df) - limit} more rows (see --json)")
+        console.print(f"  … {len(df) - limit:,} more rows (see --json)")
 
 
-def render(a, console: Console | None = None) -> None:
+def _water(widths: list[int], room: int, least: int = 8) -> int | None:
+    """The largest cap c >= least with sum(min(w, c)) <= room, or None when even `least` is too wide."""
+    if sum(min(w, least) for w in widths) > room:
+        return None
+    c = max(widths)
+    while c > least and sum(min(w, c) for w in widths) > room:
+        c -= 1
+    return c
+
+
+def parse_sections(text: str | None) -> tuple[str, ...]:
+    """`forwards,layers` -> the sections; an unknown name is one sentence naming the choices."""
+    if not text:
+        return DEFAULT
+    got = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in got if x not in SECTIONS]
+    if bad or not got:
+        raise ValueError(f"--section {text!r}: unknown section {bad[0] if bad else '(none)'}; "
+                         f"choose from {', '.join(SECTIONS)}")
+    return got
+
+
+def render(a, console: Console | None = None, sections=None, full: bool = False, label: str | None = None) -> None:
+    """The report; `label` names the input as the user gave it (an archive is read from the folder
+    it is unpacked into, whose name the user never typed)."""
     c = console or Console()
+    show = set(SECTIONS if full else (sections or DEFAULT))
+    limit = 40 if not full else 10 ** 9
     d = a.dump
-    c.print(f"[bold]mine analyze[/] {d.source.parent.name}/{d.source.name}: {len(d.launches)} launches,"
-            f" {d.launches['symbol'].nunique()} kernels, pid {d.pid}")
+    pid = f", pid {d.pid}" if d.pid is not None else ""
+    read = f"{d.source.parent.name}/{d.source.name}"
+    what = f"{label} ({read})" if label and not str(label).endswith(read) else (label or read)
+    c.print(f"[bold]mine analyze[/] {escape(what)}: "
+            f"{len(d.launches):,} launches, {d.launches['symbol'].nunique():,} kernels{pid}")
     for n in a.notes:
-        c.print(f"[yellow]note:[/] {n}")
+        c.print(f"[yellow]note:[/] {escape(str(n))}")
     p = a.passes
     f = a.forwards
+    sn = short_names(a)
     serve = int((f["phase"] == "serve").sum()) if "phase" in f else len(f)
     replays = int(p.executed["replay"].max() + 1) if p.executed is not None and len(p.executed) else 0
     if p.method == "layer_stacks":
         kinds = ", ".join(f"{b['kind']} = {b['period']} kernels" for b in p.blocks)
-        c.print(f"forwards: {len(f)} ({serve} serving, {len(f) - serve} start-up) in "
-                f"{f['window'].nunique()} request windows, found as layer stacks ({kinds}); "
-                f"{replays} graph replays expanded, {len(p.captures)} stream captures left out")
+        c.print(f"forwards: {len(f):,} ({serve:,} serving, {len(f) - serve:,} start-up) in "
+                f"{f['window'].nunique():,} request windows, found as layer stacks ({kinds}); "
+                f"{replays:,} graph replays expanded, {len(p.captures):,} stream captures left out")
     elif p.method == "none":
         c.print("forwards: none (no repeating step in the capture; see the notes)")
     else:
-        c.print(f"windows: {len(set(p.window.tolist()))} (gap threshold {p.gap_ns / 1e6:.2f} ms); "
-                f"forwards: {len(f)}; core kernel {short(names(a).get(p.core, p.core))} "
+        c.print(f"windows: {len(set(p.window.tolist())):,} (gap threshold {p.gap_ns / 1e6:.2f} ms); "
+                f"forwards: {len(f):,}; core kernel {sn.get(p.core, short(str(p.core)))} "
                 f"x{p.per_forward} per forward")
-    _table(c, "Forward passes", forwards_table(a))
+    if "forwards" in show:
+        if full:
+            _table(c, "Forward passes", forwards_table(a), limit)
+        else:
+            _table(c, "Forward passes, grouped by shape", forward_groups(a), limit, wide=("forwards", "cut_by"))
     r = a.reference
     if r.symbol:
-        c.print(f"tokens reference: [bold]{short(names(a).get(r.symbol, r.symbol))}[/] {r.axis} "
-                f"(candidates tried: {len(r.candidates)}); variables: {', '.join(a.variables)}; "
-                f"hold-out tokens: {a.holdout_tokens}")
+        hold = a.holdout_tokens
+        c.print(f"tokens reference: [bold]{escape(sn.get(r.symbol, short(r.symbol)))}[/] {r.axis} "
+                f"({len(r.candidates)} candidates tried); variables: {', '.join(a.variables)}; "
+                f"hold-out tokens: {_cell(hold) if hold is not None else 'none'}")
     if a.layers:
         m = max(a.layers, key=lambda b: b["forwards"])
         c.print(f"layers: {m['layers']} x {m['sites_per_layer']} call sites"
                 + (f", pattern {m['pattern']}" if m.get("pattern") else "")
                 + f" (shapes: {', '.join(str(b.get('pattern') or b['sites_per_layer']) for b in a.layers)})")
-        _table(c, "Call sites of layer 0", layer_table(a))
+        if "layers" in show:
+            _table(c, "Call sites of layer 0 (kernels by short name; --section names for the legend)",
+                   layer_sites(a), limit, wide=("kernel",))
     if not a.strides.empty:
-        _table(c, "Per-layer address strides", a.strides)
-    _table(c, "Pointer roles", pointer_roles(a))
+        sg = stride_groups(a)
+        if "strides" in show:
+            _table(c, "Per-layer address strides", sg, limit, wide=("kernel",))
+        else:
+            const = int((sg["stride"] != "varies").sum())
+            c.print(f"strides: {len(a.strides):,} pointer words in {len(sg):,} groups, {const:,} groups at a "
+                    "constant per-layer stride")
+    pr = pointer_roles(a)
+    if "pointers" in show:
+        _table(c, "Pointer roles", pr, limit)
+    elif not pr.empty:
+        c.print("pointer roles (words): " + ", ".join(f"{r} {w:,}" for r, w in zip(pr["role"], pr["words"])))
     if len(a.views):
         many = a.views.groupby("view").size()
         c.print(f"buffer views: {len(many)} groups of pointer words in one allocation at constant "
@@ -157,11 +418,25 @@ def render(a, console: Console | None = None) -> None:
                 "captured at (the real count is in device memory only)")
     if not a.fits.empty:
         st = a.fits["status"].value_counts().to_dict()
-        c.print("fits: " + ", ".join(f"{k} {v}" for k, v in st.items())
-                + f"; hold-out: {a.fits['holdout'].value_counts().to_dict()}")
-        _table(c, "Fitted expressions of layer 0 (varying or unresolved)", layer_fits(a))
-        _table(c, "Not fitted", failures(a))
+        c.print("fits: " + _counts(st) + "; hold-out: " + _counts(a.fits["holdout"].value_counts().to_dict()))
+        if "fits" in show:
+            _table(c, "Fitted expressions of layer 0 (varying or unresolved)", fit_rows(a), limit, wide=("expr",))
+        if "failures" in show:
+            _table(c, "Not fitted (a family's variants grouped)", failure_groups(a), limit, wide=("why",))
     if not a.sites.partial.empty:
-        _table(c, "Kernels with partial coverage (occurrence count differs)", a.sites.partial)
+        if "partial" in show:
+            part = a.sites.partial.assign(symbol=[sn.get(x, x) for x in a.sites.partial["symbol"]])
+            _table(c, "Kernels with partial coverage (occurrence count differs)", part, limit)
+        else:
+            c.print(f"partial coverage: {len(a.sites.partial):,} kernel(s) whose count differs between forwards")
     if not a.no_layout.empty:
-        _table(c, "Kernels whose params have no layout", a.no_layout)
+        if "layout" in show:
+            _table(c, "Kernels whose params have no layout", a.no_layout, limit)
+        else:
+            c.print(f"no layout: {len(a.no_layout):,} kernel(s) whose params have no layout")
+    if "names" in show:
+        _table(c, "Names (short name: kernels, launches, the first full name)", legend(a), limit, wide=("full name",))
+    if not full:
+        rest = [s for s in SECTIONS if s not in show]
+        if rest:
+            c.print(f"[dim]more: --section {','.join(rest)} (or --full)[/]")
