@@ -216,20 +216,18 @@ class TaggedT:
     def parse(self, v, ctx):
         # exactly one form key, plus `offset` where that form allows it (objects have 1-2 keys,
         # so look at the object's keys rather than trying every form)
-        d = _obj(v)
-        if d is not None and 1 <= len(d) <= 2:
-            present = [k for k in d if k in self.forms]
-            if len(present) == 1:
-                form = present[0]
-                if len(d) == 1 or ("offset" in d and form in self.offset_forms):
-                    try:
-                        off = U64.parse(d["offset"], ctx) if "offset" in d else None
-                    except ModelError as exc:
-                        raise exc.within(".offset") from None
-                    try:
-                        return Tagged(form, self.forms[form].parse(d[form], ctx), off)
-                    except ModelError as exc:
-                        raise exc.within(f".{form}") from None
+        if type(v) is dict and (len(v) == 1 or len(v) == 2 and "offset" in v):
+            form = next(k for k in v if k != "offset") if len(v) == 2 else next(iter(v))
+            typ = self.forms.get(form)
+            if typ is not None and (len(v) == 1 or form in self.offset_forms):
+                try:
+                    off = U64.parse(v["offset"], ctx) if len(v) == 2 else None
+                except ModelError as exc:
+                    raise exc.within(".offset") from None
+                try:
+                    return Tagged(form, typ.parse(v[form], ctx), off)
+                except ModelError as exc:
+                    raise exc.within(f".{form}") from None
         raise ModelError("$", self.fail)
 
     def dump(self, t):

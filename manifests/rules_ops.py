@@ -153,6 +153,8 @@ def _geometry(s: Scope, ln, path: str) -> None:
 def _expr_corners(s: Scope, e, path: str):
     """A grid expression's value at var maxima and minima, in checked u64 arithmetic: in grids,
     unlike everywhere else, kern reports an overflow."""
+    if type(e) is int:  # most grid extents are constants
+        return e, e
     s.used_vars |= ex.var_names(e)
     faults = ex.check(e, s.vars)
     for rule, msg in faults:
