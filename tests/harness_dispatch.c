@@ -13,7 +13,14 @@
  *                                        THRASH_KB of memory is written (the driver's own launch
  *                                        work evicts our data the same way); prints ns per launch
  *                                        spent in mc_callback (entry + exit); THRASH_KB < 0: back
- *                                        to back, not spaced (for a profiler). */
+ *                                        to back, not spaced (for a profiler).
+ *   harness oom DIR json|bin FAIL_AT CUBIN
+ *                                        the module, allocation-log and launch paths (a module
+ *                                        load of the real CUBIN, an allocation, 30 launches, a
+ *                                        free, an unload) with the library's allocator failing
+ *                                        its FAIL_AT-th allocation (0: none); the host's own work
+ *                                        goes on to the end; prints (last line) {"allocs",
+ *                                        "failed_in", "off", "host_launches"} */
 
 /* ---- CUPTI: the library enables callbacks at start; never called here ---- */
 CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle s, CUpti_CallbackDomain d,
@@ -25,9 +32,22 @@ CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle
 mc_driver_t mc_drv;
 atomic_uint mc_free_epoch, mc_alloc_epoch;
 atomic_int mc_capturing;
-void mc_note_error(int fn, int code, int fatal) {
-  (void)fn; (void)code;
-  if (fatal) mc_disable("fatal");
+const char *const mc_fn_names[MC_FN_COUNT] = {
+#define MC_NAME(fn) #fn,
+    MC_DRIVER_FUNCS(MC_NAME) MC_CUPTI_FUNCS(MC_NAME)
+#undef MC_NAME
+};
+void mc_note_error(int fn, int code, int fatal) { /* as init.c's: counted; fatal ones turn capture off */
+  atomic_fetch_add(&mc_cnt.errors[fn], 1);
+  if (fatal) mc_disable("[mine-capture] capture off in pid %d: %s failed with code %d", mc_pid, mc_fn_names[fn], code);
+}
+
+/* ---- a failing allocator (mode oom): the choke point's FAIL_AT-th call fails ---- */
+static long alloc_n, fail_at;
+static const char *phase = "start", *failed_in = "none";
+static void *failing_realloc(void *p, size_t n) {
+  if (++alloc_n == fail_at) { failed_in = phase; return NULL; }
+  return realloc(p, n);
 }
 
 /* ---- the fake driver: three kernels ----
@@ -192,6 +212,69 @@ static void thrash(int i) { /* writes every cache line of thrash_buf, as a large
   for (size_t o = 0; o < thrash_n; o += 64) thrash_buf[o] = (unsigned char)(o + (size_t)i);
 }
 
+/* ---- mode oom: one module, one allocation, launches, a free, an unload ---- */
+static void cupti_api(CUpti_CallbackId cbid, const char *fname, const void *params) {
+  CUresult rc = CUDA_SUCCESS;
+  CUpti_CallbackData d;
+  memset(&d, 0, sizeof d);
+  d.functionName = fname; d.functionParams = params; d.functionReturnValue = &rc;
+  d.context = CTX; d.contextUid = 1; d.correlationId = ++corr;
+  d.callbackSite = CUPTI_API_ENTER;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+  d.callbackSite = CUPTI_API_EXIT;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+}
+
+static void cupti_module(CUpti_CallbackId cbid, uint32_t id, const char *cubin, size_t n) {
+  CUpti_ModuleResourceData m;
+  memset(&m, 0, sizeof m);
+  m.moduleId = id; m.pCubin = cubin; m.cubinSize = n;
+  CUpti_ResourceData r;
+  memset(&r, 0, sizeof r);
+  r.context = CTX; r.resourceDescriptor = &m;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_RESOURCE, cbid, &r);
+}
+
+static CUdeviceptr oom_dptr = 0x7f0000200000ull;
+static void *alloc_thread(void *arg) {
+  (void)arg;
+  cuMemAlloc_v2_params a = {&oom_dptr, 1 << 20};
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2, "cuMemAlloc_v2", &a);
+  return NULL;
+}
+
+static int run_oom(const char *cubin_path) {
+  FILE *f = fopen(cubin_path, "rb");
+  if (!f) return 1;
+  static char cubin[1 << 20];
+  size_t n = fread(cubin, 1, sizeof cubin, f);
+  fclose(f);
+  mc_sys_realloc = failing_realloc;
+  phase = "module";
+  cupti_module(CUPTI_CBID_RESOURCE_MODULE_LOADED, 7, cubin, n);
+  phase = "alloc_log";   /* on a thread of its own, as a host's allocator thread: its own buffers */
+  pthread_t th;
+  if (pthread_create(&th, NULL, alloc_thread, NULL) != 0 || pthread_join(th, NULL) != 0) return 1;
+  long host = 0;
+  for (int i = 0; i < 30; i++) {   /* the host's launches: each one made whatever capture does */
+    phase = "launch";
+    if (i % 3 == 0) launch_loop_kernel(i, 0);
+    else if (i % 3 == 1) launch_packed(i);   /* (these two print what they launched) */
+    else launch_ex(i);
+    host++;
+  }
+  phase = "alloc_log";
+  cuMemFree_v2_params fr = {oom_dptr};
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2, "cuMemFree_v2", &fr);
+  phase = "module";
+  cupti_module(CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING, 7, cubin, n);
+  phase = "exit";
+  mc_files_finalize();
+  printf("{\"allocs\":%ld,\"failed_in\":\"%s\",\"off\":%d,\"host_launches\":%ld}\n", alloc_n, failed_in,
+         atomic_load(&mc_off), host);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 5) return 2;
   const char *mode = argv[1], *form = argv[3];
@@ -208,7 +291,12 @@ int main(int argc, char **argv) {
   }
   mc_pid = getpid();
   fake_driver();
+  if (strcmp(mode, "oom") == 0) {
+    mc_knobs.alloc_log = 1;
+    fail_at = n;
+  }
   if (mc_files_open() != 0) { printf("{\"open\":\"failed\"}\n"); return 1; }
+  if (strcmp(mode, "oom") == 0 && argc > 5) return run_oom(argv[5]);
   if (strcmp(mode, "records") == 0) {
     for (long i = 0; i < n; i++) {
       if (i % 3 == 0) launch_loop_kernel((int)i, 1);

@@ -78,3 +78,43 @@ def test_both_forms_agree(harness, tmp_path):
     keep = ("seq", "api", "func", "grid", "block", "smem", "stream", "graph", "packing", "launch_attrs", "symbol")
     assert [{k: r[k] for k in keep} | {"hex": [p["hex"] for p in r["params"]]} for r in j] == \
            [{k: r[k] for k in keep} | {"hex": [p["hex"] for p in r["params"]]} for r in b]
+
+
+# ---------------------------------------------------------------- out of memory, at every allocation
+CUBIN = HERE / "fixtures" / "cubins" / "mine_argmax.cubin"
+
+
+def _oom(harness: Path, out: Path, form: str, fail_at: int):
+    r = subprocess.run([str(harness), "oom", str(out), form, str(fail_at), str(CUBIN)], capture_output=True,
+                       text=True, timeout=60)
+    return r, (json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout else None)
+
+
+@pytest.mark.parametrize("form", ["json", "bin"])
+def test_an_allocation_failure_anywhere_turns_capture_off_and_the_host_runs_on(harness, tmp_path, form):
+    """The library's allocator fails its Nth allocation, for every N the module, allocation-log
+    and launch paths reach: each time the host finishes its work (every launch returns, exit 0),
+    capture turns off with exactly one line on stderr naming the choke point, and what was
+    written before is a dump the readers take (or refuse in one sentence when nothing is in it)."""
+    from mining.load import DumpError, load_dump
+
+    r, clean = _oom(harness, tmp_path / "clean", form, 0)
+    assert r.returncode == 0 and r.stderr == "" and clean["off"] == 0, r.stderr
+    total = clean["allocs"]
+    assert total >= 5
+    phases = set()
+    for n in range(1, total + 1):
+        out = tmp_path / f"fail{n}"
+        r, got = _oom(harness, out, form, n)
+        assert r.returncode == 0 and got is not None, (n, r.returncode, r.stderr)
+        assert got["host_launches"] == 30 and got["off"] == 1, (n, got)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and "capture off" in lines[0] and "malloc failed with code 12" in lines[0], (n, lines)
+        phases.add(got["failed_in"])
+        (pid_dir,) = out.glob("pid*")
+        try:
+            d = load_dump(pid_dir, cache=False)
+            assert len(d.launches) < 30
+        except DumpError as exc:
+            assert "\n" not in str(exc)
+    assert phases == {"module", "alloc_log", "launch"}, phases

@@ -168,14 +168,14 @@ static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void learn_word(const mc_entry_t *ce, uint32_t at) {
   mc_entry_t *e = (mc_entry_t *)ce; /* only host_at/host_n are written, under learn_lock */
-  pthread_mutex_lock(&learn_lock);
+  MC_LOCK(&learn_lock);
   unsigned n = atomic_load_explicit(&e->host_n, memory_order_relaxed), k = 0;
   while (k < n && e->host_at[k] != at) k++;
   if (k == n && n < MC_HOST_WORDS) {
     e->host_at[n] = at;
     atomic_store_explicit(&e->host_n, n + 1, memory_order_release);
   }
-  pthread_mutex_unlock(&learn_lock);
+  MC_UNLOCK(&learn_lock);
 }
 
 static int host_section(jb_t *b, uint32_t at, uint64_t v, uint64_t *now) {

@@ -201,7 +201,7 @@ void mc_meta_write(int final) {
     CUcontext c = NULL;
     if (mc_drv.cuCtxGetCurrent && mc_drv.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) atomic_store(&devices_known, 1);
   }
-  pthread_mutex_lock(&meta_lock);
+  MC_LOCK(&meta_lock);
   jb_t b = {0};
   jb_lit(&b, "{\"format_version\":1,\"pid\":"); jb_u64(&b, (uint64_t)mc_pid);
   jb_lit(&b, ",\"ppid\":"); jb_u64(&b, (uint64_t)getppid());
@@ -273,7 +273,7 @@ void mc_meta_write(int final) {
     if (ok) rename(tmp, path); else unlink(tmp);
   }
   free(b.p);
-  pthread_mutex_unlock(&meta_lock);
+  MC_UNLOCK(&meta_lock);
 }
 
 /* ---- exit and fork ---- */
@@ -309,8 +309,8 @@ int InitializeInjection(void) {
   if (atomic_exchange(&once, 1)) return 1;
   mc_pid = getpid();
   start_ns = mc_now_ns();
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  struct timespec ts = {0, 0};
+  if (clock_gettime(CLOCK_REALTIME, &ts) != 0) mc_note_error(MC_FN_clock_gettime, errno, 0);
   start_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
   read_knobs();
   if (resolve_driver() != 0) {
@@ -320,14 +320,16 @@ int InitializeInjection(void) {
     return 1;
   }
   MC_CU(cuDriverGetVersion, &driver_version);
-  cuptiGetVersion(&cupti_version);
+  MC_CUPTI(cuptiGetVersion, &cupti_version);
   if (mc_files_open() != 0) return 1;
   files_opened_pid = mc_pid;
   CUpti_SubscriberHandle sub;
   if (MC_CUPTI_FATAL(cuptiSubscribe, &sub, (CUpti_CallbackFunc)mc_callback, NULL) != CUPTI_SUCCESS) return 1;
   if (mc_enable_callbacks(sub) != 0) return 1;
   mc_toggle_start(sub);
-  atexit(at_exit);
-  pthread_atfork(NULL, NULL, fork_child);
+  /* without these a fork's child would write into its parent's files, and the mmap writer's files
+   * would keep their preallocated tail: capture stops instead */
+  if (MC_C(atexit, 1, atexit(at_exit) ? ENOMEM : 0) != 0) return 1;
+  MC_C(pthread_atfork, 1, pthread_atfork(NULL, NULL, fork_child));
   return 1;
 }

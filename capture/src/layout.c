@@ -51,7 +51,7 @@ static pthread_mutex_t mod_lock = PTHREAD_MUTEX_INITIALIZER;
 #define TL_LOADED 16
 static __thread uint32_t tl_loaded[TL_LOADED];
 
-static void table_init(void) { table = calloc(SLOTS, sizeof(slot_t)); }
+static void table_init(void) { table = mc_calloc(SLOTS, sizeof(slot_t)); }
 
 static uint64_t fnv1a(const char *s) {
   uint64_t h = 1469598103934665603ull;
@@ -91,16 +91,22 @@ static uint32_t cubin_entries(const unsigned char *p, size_t n, char ***names_ou
         const char *nm = strs + sym[k].st_name;
         if (!memchr(nm, 0, st->sh_size - sym[k].st_name) || !*nm) continue;
         if (count == cap) {
-          cap = cap ? cap * 2 : 16;
-          char **t = realloc(names, cap * sizeof *names);
-          if (!t) break;
+          char **t = mc_realloc(names, (cap ? cap * 2 : 16) * sizeof *names);
+          if (!t) goto out_of_memory;
           names = t;
+          cap = cap ? cap * 2 : 16;
         }
-        names[count++] = strdup(nm);
+        if (!(names[count] = mc_strdup(nm))) goto out_of_memory;
+        count++;
       }
     }
     if (count || pass == 1) { *names_out = names; return count; }
     free(names);
+    continue;
+  out_of_memory: /* capture is off (the choke point said so); nothing is kept */
+    while (count) free(names[--count]);
+    free(names);
+    return 0;
   }
   return 0;
 }
@@ -110,15 +116,27 @@ void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size
   mc_sha256_hex(cubin, size, sha);
   char **names = NULL;
   uint32_t nent = cubin_entries(cubin, size, &names);
-  uint64_t *hashes = nent ? malloc(nent * sizeof *hashes) : NULL;
-  for (uint32_t i = 0; i < nent && hashes; i++) hashes[i] = fnv1a(names[i]);
+  uint64_t *hashes = nent ? mc_malloc(nent * sizeof *hashes) : NULL;
+  if (nent && !hashes) { /* capture is off: nothing of this module is kept */
+    for (uint32_t i = 0; i < nent; i++) free(names[i]);
+    free(names);
+    return;
+  }
+  for (uint32_t i = 0; i < nent; i++) hashes[i] = fnv1a(names[i]);
   int dev = mc_ctx_device(ctx);
 
-  pthread_mutex_lock(&mod_lock);
+  MC_LOCK(&mod_lock);
   if (nmods == capmods) { /* only slow paths read this array, all under mod_lock */
     size_t cap = capmods ? capmods * 2 : 256;
-    module_t *t = realloc(mods, cap * sizeof *mods);
+    module_t *t = mc_realloc(mods, cap * sizeof *mods);
     if (t) { mods = t; capmods = cap; }
+  }
+  if (nmods == capmods) { /* capture is off; the module is not kept */
+    MC_UNLOCK(&mod_lock);
+    free(hashes);
+    for (uint32_t i = 0; i < nent; i++) free(names[i]);
+    free(names);
+    return;
   }
   if (nmods < capmods) {
     module_t *m = &mods[nmods++];
@@ -127,7 +145,7 @@ void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size
     memcpy(m->sha, sha, 65);
     m->nent = hashes ? nent : 0; m->ent_hash = hashes;
   }
-  pthread_mutex_unlock(&mod_lock);
+  MC_UNLOCK(&mod_lock);
   if (mc_tl.nloaded < TL_LOADED) tl_loaded[mc_tl.nloaded++] = id;
 
   atomic_fetch_add(&mc_cnt.modules, 1);
@@ -154,12 +172,12 @@ void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size
 void mc_module_unloading(CUcontext ctx, uint32_t id) {
   char sha[65] = "";
   size_t size = 0;
-  pthread_mutex_lock(&mod_lock);
+  MC_LOCK(&mod_lock);
   for (size_t i = 0; i < nmods; i++)
     if (mods[i].alive && mods[i].id == id && mods[i].ctx == ctx) {
       mods[i].alive = 0; memcpy(sha, mods[i].sha, 65); size = mods[i].size;
     }
-  pthread_mutex_unlock(&mod_lock);
+  MC_UNLOCK(&mod_lock);
   jb_t *b = jb_thread();
   if (!b) return;
   jb_lit(b, "\"event\":\"unload\",\"module\":"); jb_u64(b, id);
@@ -173,10 +191,10 @@ void mc_module_unloading(CUcontext ctx, uint32_t id) {
 
 void mc_module_note_hmod(CUmodule hmod) {
   if (!hmod || mc_tl.nloaded != 1) return;
-  pthread_mutex_lock(&mod_lock);
+  MC_LOCK(&mod_lock);
   for (size_t i = nmods; i-- > 0;)
     if (mods[i].alive && mods[i].id == tl_loaded[0]) { mods[i].hmod = hmod; break; }
-  pthread_mutex_unlock(&mod_lock);
+  MC_UNLOCK(&mod_lock);
 }
 
 /* Returns the index of the linked module in mods[] or -1; called with mod_lock held. */
@@ -240,11 +258,12 @@ static void build_frag(mc_entry_t *e, const char *name, long modid, const char *
     jb_str(&b, an[i]); jb_lit(&b, ":"); jb_u64(&b, (uint64_t)attr[i]);
   }
   jb_lit(&b, "}");
+  if (b.bad) { free(b.p); b.p = NULL; b.n = 0; } /* capture is off (the choke point) */
   e->frag = b.p; e->frag_n = b.n;
 }
 
 static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_symbol) {
-  mc_entry_t *e = calloc(1, sizeof *e);
+  mc_entry_t *e = mc_calloc(1, sizeof *e);
   if (!e) return NULL;
   e->handle = handle; e->ctx = ctx; e->symbol_key = cupti_symbol; e->nparams = -1;
   e->layout_src = "none"; e->is_kernel = -1;
@@ -255,7 +274,8 @@ static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_sy
     e->is_kernel = 1;
     if (MC_CU_ANSWER(cuKernelGetName, &nm, (CUkernel)handle) != CUDA_SUCCESS) nm = NULL;
   }
-  e->symbol = strdup(cupti_symbol && *cupti_symbol ? cupti_symbol : nm ? nm : "");
+  e->symbol = mc_strdup(cupti_symbol && *cupti_symbol ? cupti_symbol : nm ? nm : "");
+  if (!e->symbol) { free(e); return NULL; }
 
   /* Layout: the call that fits the handle kind first, then the other. An out-of-range index
    * answers CUDA_ERROR_INVALID_VALUE, which ends the list (index 0: no parameters). */
@@ -263,29 +283,34 @@ static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_sy
     int use_kernel = (pass == 0) == (e->is_kernel == 1);
     if (use_kernel && e->is_kernel != 1) continue;
     uint32_t cap = 16, n = 0;
-    uint32_t *off = malloc(cap * 4), *sz = malloc(cap * 4);
+    uint32_t *off = mc_malloc(cap * 4), *sz = off ? mc_malloc(cap * 4) : NULL;
     CUresult r = CUDA_SUCCESS;
-    for (;;) {
+    int oom = !sz;
+    while (!oom) {
       size_t o = 0, s = 0;
       r = use_kernel ? MC_CU_ANSWER(cuKernelGetParamInfo, (CUkernel)handle, n, &o, &s)
                      : MC_CU_ANSWER(cuFuncGetParamInfo, e->func, n, &o, &s);
       if (r != CUDA_SUCCESS) break;
-      if (n == cap) { cap *= 2; off = realloc(off, cap * 4); sz = realloc(sz, cap * 4); }
+      if (n == cap) {
+        uint32_t *o2 = mc_realloc(off, cap * 8);
+        if (o2) off = o2;
+        uint32_t *s2 = o2 ? mc_realloc(sz, cap * 8) : NULL;
+        if (s2) sz = s2;
+        if (!o2 || !s2) { oom = 1; break; }
+        cap *= 2;
+      }
       off[n] = (uint32_t)o; sz[n] = (uint32_t)s; n++;
       if (n > 8192) break;
     }
-    if (r == CUDA_ERROR_INVALID_VALUE || n > 0) {
-      uint32_t *both = malloc(((size_t)n + 1) * 8); /* off and size in one block: fewer lines per launch */
-      if (both) {
-        memcpy(both, off, (size_t)n * 4); memcpy(both + n, sz, (size_t)n * 4);
-        free(off); free(sz);
-        off = both; sz = both + n;
-      }
-      e->nparams = (int)n; e->off = off; e->size = sz;
-      e->layout_src = use_kernel ? "kernel" : "function";
-    } else {
-      free(off); free(sz);
-    }
+    int found = !oom && (r == CUDA_ERROR_INVALID_VALUE || n > 0);
+    uint32_t *both = found ? mc_malloc(((size_t)n + 1) * 8) : NULL; /* off and size in one block:
+                                                                      fewer lines per launch */
+    if (both) { memcpy(both, off, (size_t)n * 4); memcpy(both + n, sz, (size_t)n * 4); }
+    free(off); free(sz);
+    if (oom || (found && !both)) break;   /* capture is off (the choke point): no layout */
+    if (!found) continue;
+    e->nparams = (int)n; e->off = both; e->size = both + n;
+    e->layout_src = use_kernel ? "kernel" : "function";
   }
 
   int attr[7] = {-1, -1, -1, -1, -1, -1, -1};
@@ -303,10 +328,10 @@ static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_sy
   if (e->func && MC_CU(cuFuncGetModule, &hmod, e->func) != CUDA_SUCCESS) hmod = NULL;
   long modid = -1;
   char sha[65] = "";
-  pthread_mutex_lock(&mod_lock);
+  MC_LOCK(&mod_lock);
   long mi = link_module(ctx, hmod, e->symbol);
   if (mi >= 0) { modid = mods[mi].id; memcpy(sha, mods[mi].sha, 65); }
-  pthread_mutex_unlock(&mod_lock);
+  MC_UNLOCK(&mod_lock);
 
   e->record = 1;
   if (mc_knobs.has_include && regexec(&mc_knobs.include_re, e->symbol, 0, NULL, 0) != 0) e->record = 0;
@@ -319,11 +344,15 @@ static mc_entry_t *build_entry(void *handle, CUcontext ctx, const char *cupti_sy
   if (dm && e->symbol[0] == '_' && e->symbol[1] == 'Z') dem = dm(e->symbol, NULL, NULL, &st);
   build_frag(e, dem && st == 0 ? dem : e->symbol, modid, sha[0] ? sha : NULL, attr);
   free(dem);
+  if (!e->frag) { /* out of memory: capture is off, the entry is not kept */
+    free(e->off); free(e->symbol); free(e);
+    return NULL;
+  }
   return e;
 }
 
 const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_symbol) {
-  pthread_once(&table_once, table_init);
+  MC_C(pthread_once, 1, pthread_once(&table_once, table_init));
   if (!table) return build_entry(handle, ctx, cupti_symbol);
   uintptr_t h = (uintptr_t)handle, c = (uintptr_t)ctx;
   uint32_t i = slot_hash(h, c);

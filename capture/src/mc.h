@@ -31,7 +31,9 @@
   X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)
 
 #define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
-  X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)
+  X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)    \
+  X(malloc) X(pthread_create) X(pthread_attr) X(pthread_sigmask) X(pthread_mutex_lock)         \
+  X(pthread_mutex_unlock) X(pthread_once) X(pthread_atfork) X(atexit) X(clock_gettime)
 
 typedef struct {
 #define MC_DECL(fn) __typeof__(&fn) fn;
@@ -60,6 +62,28 @@ void mc_note_error(int fn, int code, int fatal);
   if (_r != CUDA_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 1); } _r; })
 #define MC_CUPTI_FATAL(fn, ...) ({ CUptiResult _r = fn(__VA_ARGS__); \
   if (_r != CUPTI_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 1); } _r; })
+#define MC_CUPTI(fn, ...) ({ CUptiResult _r = fn(__VA_ARGS__); \
+  if (_r != CUPTI_SUCCESS) { mc_note_error(MC_FN_##fn, (int)_r, 0); } _r; })
+/* libc and pthread calls that answer 0 or an error number (pthread_*; the errno of -1 callers):
+ * counted under `name` with that number; fatal ones turn capture off. */
+#define MC_C(name, fatal, call) ({ int _r = (call); \
+  if (_r != 0) { mc_note_error(MC_FN_##name, _r, (fatal)); } _r; })
+/* The library's locks: a lock that cannot be taken (a corrupted or destroyed mutex) turns capture
+ * off; the caller goes on as if it held it, as it would have without the check. */
+#define MC_LOCK(m) ((void)MC_C(pthread_mutex_lock, 1, pthread_mutex_lock(m)))
+#define MC_UNLOCK(m) ((void)MC_C(pthread_mutex_unlock, 1, pthread_mutex_unlock(m)))
+
+/* The allocation choke point (writer.c): every heap allocation of the library goes through these.
+ * A failure is counted under "malloc" and turns capture off with one line on stderr (the host's
+ * memory is the host's; a capture that cannot allocate stops instead of recording holes); the
+ * caller gets NULL and gives up its work. mc_realloc leaves p untouched (the caller's to free)
+ * when it fails. All of them call mc_sys_realloc (libc's realloc; tests/harness_dispatch.c swaps
+ * in one that fails the Nth allocation), and what they return is freed with free(). */
+void *mc_malloc(size_t n);
+void *mc_calloc(size_t k, size_t n);
+void *mc_realloc(void *p, size_t n);
+char *mc_strdup(const char *s);
+extern void *(*mc_sys_realloc)(void *, size_t);
 
 /* Knobs (capture/knobs.py lists the same variables with the same defaults). The fields the launch
  * path reads come first, so they share the struct's first cache line. */

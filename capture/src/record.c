@@ -66,9 +66,9 @@ static int entry_same(const mc_entry_t *a, const mc_entry_t *b) {
 static long fn_slot(const mc_entry_t *e, uint64_t h, int *found) {
   if ((fn_count + 1) * 2 > fn_cap) {
     size_t cap = fn_cap ? fn_cap * 2 : 1024;
-    const mc_entry_t **t = calloc(cap, sizeof *t);
-    uint64_t *hs = calloc(cap, sizeof *hs);
-    uint32_t *ids = calloc(cap, sizeof *ids);
+    const mc_entry_t **t = mc_calloc(cap, sizeof *t);
+    uint64_t *hs = t ? mc_calloc(cap, sizeof *hs) : NULL;
+    uint32_t *ids = hs ? mc_calloc(cap, sizeof *ids) : NULL;
     if (!t || !hs || !ids) { free(t); free(hs); free(ids); return -1; }
     for (size_t i = 0; i < fn_cap; i++) {
       if (!fn_tab[i]) continue;
@@ -111,7 +111,7 @@ int64_t mc_fn_id(const mc_entry_t *e) {
   if (tag && (tag >> 32) == gen) return (int64_t)(tag & 0xffffffffu) - 1;
   uint64_t h = entry_hash(e);
   int64_t id = -1;
-  pthread_mutex_lock(&fn_lock);
+  MC_LOCK(&fn_lock);
   gen = atomic_load_explicit(&fn_gen, memory_order_relaxed);
   int found = 0;
   long j = fn_slot(e, h, &found);
@@ -129,7 +129,7 @@ int64_t mc_fn_id(const mc_entry_t *e) {
     }
   }
   if (id >= 0) atomic_store_explicit(&m->fn_tag, (gen << 32) | (uint64_t)(id + 1), memory_order_release);
-  pthread_mutex_unlock(&fn_lock);
+  MC_UNLOCK(&fn_lock);
   return id;
 }
 

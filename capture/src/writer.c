@@ -99,12 +99,37 @@ static pthread_cond_t helper_cond = PTHREAD_COND_INITIALIZER;
 static int helper_work, helper_on;
 static int files_pid;               /* the process the open files belong to */
 
+/* ---- the allocation choke point (mc.h) ---- */
+void *(*mc_sys_realloc)(void *, size_t) = realloc;
+
+void *mc_realloc(void *p, size_t n) {
+  void *q = mc_sys_realloc(p, n ? n : 1);
+  if (!q) mc_note_error(MC_FN_malloc, ENOMEM, 1);
+  return q;
+}
+
+void *mc_malloc(size_t n) { return mc_realloc(NULL, n); }
+
+void *mc_calloc(size_t k, size_t n) {
+  if (n && k > SIZE_MAX / n) { mc_note_error(MC_FN_malloc, EOVERFLOW, 1); return NULL; }
+  void *p = mc_realloc(NULL, k * n);
+  if (p) memset(p, 0, k * n);
+  return p;
+}
+
+char *mc_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = mc_realloc(NULL, n);
+  if (p) memcpy(p, s, n);
+  return p;
+}
+
 static __thread jb_t tl_jb;
 
 jb_t *jb_thread(void) {
   jb_t *b = &tl_jb;
   if (b->cap < 4096) {
-    char *p = realloc(b->p, 4096);
+    char *p = mc_realloc(b->p, 4096);
     if (!p) return NULL;
     b->p = p; b->cap = 4096;
   }
@@ -114,13 +139,14 @@ jb_t *jb_thread(void) {
 }
 
 /* Out of memory inside the host is the host's problem to meet, not ours to cause: the record
- * being built is marked bad, every later append is a no-op, and mc_write_record drops it. */
+ * being built is marked bad, every later append is a no-op, mc_write_record drops it, and the
+ * choke point has turned capture off. */
 int jb_need(jb_t *b, size_t more) {
   if (b->bad) return -1;
   if (b->n + more <= b->cap) return 0;
   size_t cap = b->cap ? b->cap : 4096;
   while (cap < b->n + more) cap *= 2;
-  char *p = realloc(b->p, cap); /* thread-local: nobody else reads it */
+  char *p = mc_realloc(b->p, cap); /* thread-local: nobody else reads it */
   if (!p) { b->bad = 1; return -1; }
   b->p = p; b->cap = cap;
   return 0;
@@ -222,14 +248,14 @@ static int grow_locked(wfile_t *F, uint64_t end, uint64_t want) {
 static char *window(wfile_t *F, uint64_t k) {
   char *w = atomic_load_explicit(&F->win[k], memory_order_acquire);
   if (w) return w;
-  pthread_mutex_lock(&F->grow);
+  MC_LOCK(&F->grow);
   w = atomic_load_explicit(&F->win[k], memory_order_relaxed);
   if (!w && F->fd >= 0) {
     void *m = mmap(NULL, WIN_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, F->fd, (off_t)(k << WIN_SHIFT));
     if (m == MAP_FAILED) mc_note_error(MC_FN_mmap, errno, 0); /* records here go through pwrite */
     else atomic_store_explicit(&F->win[k], w = m, memory_order_release);
   }
-  pthread_mutex_unlock(&F->grow);
+  MC_UNLOCK(&F->grow);
   return w;
 }
 
@@ -240,9 +266,9 @@ static char *window(wfile_t *F, uint64_t k) {
 static void prefault_ahead(wfile_t *F) {
   uint64_t end = __atomic_load_n(&F->st[0], __ATOMIC_RELAXED);
   uint64_t target = end / PREFAULT * PREFAULT + AHEAD;
-  pthread_mutex_lock(&F->grow);
+  MC_LOCK(&F->grow);
   int ok = !F->final && F->fd >= 0 && grow_locked(F, 0, target) == 0;
-  pthread_mutex_unlock(&F->grow);
+  MC_UNLOCK(&F->grow);
   if (!ok) return; /* a failed grow is seen, and reported, by the next record that needs it */
   if (F->populated < end / PREFAULT * PREFAULT) F->populated = end / PREFAULT * PREFAULT;
   while (F->populated < target && !atomic_load_explicit(&populate_off, memory_order_relaxed)) {
@@ -259,10 +285,10 @@ static void prefault_ahead(wfile_t *F) {
 static void *helper_main(void *arg) {
   (void)arg;
   for (;;) {
-    pthread_mutex_lock(&helper_lock);
+    MC_LOCK(&helper_lock);
     while (!helper_work) pthread_cond_wait(&helper_cond, &helper_lock);
     helper_work = 0;
-    pthread_mutex_unlock(&helper_lock);
+    MC_UNLOCK(&helper_lock);
     for (int f = 0; f < MC_F_COUNT; f++)
       if (files[f].mapped) prefault_ahead(&files[f]);
   }
@@ -270,10 +296,10 @@ static void *helper_main(void *arg) {
 }
 
 static void helper_kick(void) {
-  pthread_mutex_lock(&helper_lock);
+  MC_LOCK(&helper_lock);
   helper_work = 1;
   pthread_cond_signal(&helper_cond);
-  pthread_mutex_unlock(&helper_lock);
+  MC_UNLOCK(&helper_lock);
 }
 
 /* Our own threads (the mmap writer's helper, the callback toggler) are detached, small, and block
@@ -283,13 +309,14 @@ int mc_thread_start(void *(*fn)(void *), void *arg) {
   sigfillset(&all);
   pthread_t t;
   pthread_attr_t a;
-  if (pthread_attr_init(&a) != 0) return -1;
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&a, 64 << 10);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(&t, &a, fn, arg);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&a);
+  if (MC_C(pthread_attr, 0, pthread_attr_init(&a)) != 0) return -1;
+  int rc = MC_C(pthread_attr, 0, pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED));
+  if (rc == 0) rc = MC_C(pthread_attr, 0, pthread_attr_setstacksize(&a, 64 << 10));
+  if (rc == 0 && MC_C(pthread_sigmask, 0, pthread_sigmask(SIG_SETMASK, &all, &old)) == 0) {
+    rc = MC_C(pthread_create, 0, pthread_create(&t, &a, fn, arg));
+    MC_C(pthread_sigmask, 0, pthread_sigmask(SIG_SETMASK, &old, NULL));
+  } else if (rc == 0) rc = -1;
+  MC_C(pthread_attr, 0, pthread_attr_destroy(&a));
   return rc == 0 ? 0 : -1;
 }
 
@@ -311,10 +338,10 @@ static int open_one(int f) {
     return -1;
   }
   if (mapped) {
-    pthread_mutex_lock(&F->grow);
+    MC_LOCK(&F->grow);
     int r = grow_locked(F, 0, GROW_MIN);
     int e = errno;
-    pthread_mutex_unlock(&F->grow);
+    MC_UNLOCK(&F->grow);
     if (r != 0 && (e == EOPNOTSUPP || e == ENOSYS || e == EINVAL)) {
       mapped = 0; /* no fallocate here: a sparse mapping could SIGBUS on a full disk */
       if (fcntl(F->fd, F_SETFL, O_APPEND) != 0) mc_note_error(MC_FN_open, errno, 0);
@@ -377,12 +404,12 @@ void mc_files_reset_after_fork(void) {
 int mc_files_ready(void) {
   if (atomic_load_explicit(&mc_off, memory_order_relaxed)) return 0;
   if (atomic_load_explicit(&need_open, memory_order_acquire)) {
-    pthread_mutex_lock(&open_lock);
+    MC_LOCK(&open_lock);
     if (atomic_load(&need_open)) {
       mc_files_open();
       atomic_store_explicit(&need_open, 0, memory_order_release);
     }
-    pthread_mutex_unlock(&open_lock);
+    MC_UNLOCK(&open_lock);
   }
   return !atomic_load_explicit(&mc_off, memory_order_relaxed);
 }
@@ -453,7 +480,7 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
     }
   }
 #else
-  pthread_mutex_lock(&F->lock);
+  MC_LOCK(&F->lock);
   int rc = 0;
   if (F->st[1] & SEALED) rc = 1;
   else {
@@ -461,7 +488,7 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
     if (F->st[0] + l > (uint64_t)MAX_WIN << WIN_SHIFT) rc = -1;
     else { *off = F->st[0]; *seq = F->st[1]; *len = l; F->st[0] += l; F->st[1] += with_seq ? 1 : 0; }
   }
-  pthread_mutex_unlock(&F->lock);
+  MC_UNLOCK(&F->lock);
   return rc;
 #endif
 }
@@ -476,10 +503,10 @@ static int64_t write_failed(int file, int fn, int e) {
  * when the helper is behind). 0 ok; -1 capture turned off. */
 static int cover(int file, wfile_t *F, uint64_t end) {
   if (end + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire)) return 0;
-  pthread_mutex_lock(&F->grow);
+  MC_LOCK(&F->grow);
   int g = grow_locked(F, end, end + PREFAULT);
   int e = errno;
-  pthread_mutex_unlock(&F->grow);
+  MC_UNLOCK(&F->grow);
   if (g == 0) return 0;
   mc_note_error(MC_FN_fallocate, e, 0);
   mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_name(file), strerror(e));
@@ -521,7 +548,7 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
   int r = reserve(F, b->n - JB_SEQ_ROOM, with_seq, &off, &seq, &len);
   if (r < 0) return write_failed(file, MC_FN_pwrite, EFBIG);
   if (r > 0) { /* sealed at exit: appends under the lock, after everything reserved before */
-    pthread_mutex_lock(&F->lock);
+    MC_LOCK(&F->lock);
     off = __atomic_load_n(&F->st[0], __ATOMIC_RELAXED);
     seq = __atomic_load_n(&F->st[1], __ATOMIC_RELAXED) & ~SEALED;
     char *start = put_prefix(b, with_seq, seq);
@@ -532,7 +559,7 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
       __atomic_store_n(&F->st[0], off + len, __ATOMIC_RELAXED);
       __atomic_store_n(&F->st[1], (seq + (with_seq ? 1 : 0)) | SEALED, __ATOMIC_RELAXED);
     }
-    pthread_mutex_unlock(&F->lock);
+    MC_UNLOCK(&F->lock);
     if (rc != 0) return write_failed(file, MC_FN_pwrite, e);
     return (int64_t)seq;
   }
@@ -619,13 +646,13 @@ int64_t mc_write_bin(int file, jb_t *b) {
   }
   wfile_t *F = &files[file];
   if (F->mapped) return write_mapped(file, b, 2);
-  pthread_mutex_lock(&F->lock);
+  MC_LOCK(&F->lock);
   int64_t seq = F->seq;
   char *start = put_prefix(b, 2, (uint64_t)seq);
   int rc = F->fd >= 0 ? write_all(F->fd, start, body) : (errno = EBADF, -1);
   int e = errno;
   if (rc == 0) F->seq++;
-  pthread_mutex_unlock(&F->lock);
+  MC_UNLOCK(&F->lock);
   if (rc != 0) return write_failed(file, MC_FN_write, e);
   return seq;
 }
@@ -635,9 +662,9 @@ int64_t mc_write_bin(int file, jb_t *b) {
 int64_t mc_next_seq(int file) {
   wfile_t *F = &files[file];
   if (F->mapped) return (int64_t)(__atomic_load_n(&F->st[1], __ATOMIC_ACQUIRE) & ~SEALED);
-  pthread_mutex_lock(&F->lock);
+  MC_LOCK(&F->lock);
   int64_t s = F->seq;
-  pthread_mutex_unlock(&F->lock);
+  MC_UNLOCK(&F->lock);
   return s;
 }
 
@@ -659,13 +686,13 @@ int64_t mc_write_record(int file, jb_t *b, int with_seq) {
   if (F->mapped) return write_mapped(file, b, with_seq);
   int64_t seq = 0;
   int rc;
-  pthread_mutex_lock(&F->lock);
+  MC_LOCK(&F->lock);
   if (with_seq) seq = F->seq;
   char *start = put_prefix(b, with_seq, (uint64_t)seq);
   rc = F->fd >= 0 ? write_all(F->fd, start, (size_t)(b->p + b->n - start)) : (errno = EBADF, -1);
   int e = errno;
   if (rc == 0 && with_seq) F->seq++;
-  pthread_mutex_unlock(&F->lock);
+  MC_UNLOCK(&F->lock);
   if (rc != 0) return write_failed(file, MC_FN_write, e);
   return seq;
 }
@@ -676,16 +703,16 @@ void mc_files_finalize(void) {
   for (int f = 0; f < MC_F_COUNT; f++) {
     wfile_t *F = &files[f];
     if (!F->mapped || F->fd < 0) continue;
-    pthread_mutex_lock(&F->grow);
+    MC_LOCK(&F->grow);
     if (!F->final) {
 #if defined(__x86_64__)
       uint64_t e[2] = {__atomic_load_n(&F->st[0], __ATOMIC_RELAXED), __atomic_load_n(&F->st[1], __ATOMIC_RELAXED)};
       while (!(e[1] & SEALED) && !cas16(F->st, e, e[0], e[1] | SEALED)) {}
 #else
-      pthread_mutex_lock(&F->lock);
+      MC_LOCK(&F->lock);
       F->st[1] |= SEALED;
       uint64_t e[2] = {F->st[0], F->st[1]};
-      pthread_mutex_unlock(&F->lock);
+      MC_UNLOCK(&F->lock);
 #endif
       uint64_t end = e[0], size = atomic_load(&F->size);
       if (end > size) { /* a thread reserved but has not grown yet: grant it exactly */
@@ -694,7 +721,7 @@ void mc_files_finalize(void) {
       F->final = 1;
       if (ftruncate(F->fd, (off_t)end) != 0) mc_note_error(MC_FN_ftruncate, errno, 0);
     }
-    pthread_mutex_unlock(&F->grow);
+    MC_UNLOCK(&F->grow);
   }
 }
 
