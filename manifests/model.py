@@ -419,7 +419,7 @@ class UnionT:
         self.items = ListOf(ranked_item)
 
     def parse(self, v, ctx):
-        d = _obj(v)
+        d = v if type(v) is dict else None
         if d is not None:
             if len(d) == 2 and "group" in d and self.key in d:
                 if type(d["group"]) is not str:
@@ -457,6 +457,19 @@ class Segment:
     interleave: Interleave = W(Struct(Interleave), nullable=True)
 
 
+class SegmentT(Struct):
+    """A bind segment. Most are one whole tensor, `{"tensor": name or {group, tensors}}` --
+    tens of thousands in an expert-parallel manifest -- so those skip the field table."""
+
+    def parse(self, v, ctx):
+        if type(v) is dict and len(v) == 1 and "tensor" in v:
+            try:
+                return Segment(TENSOR_SOURCE.parse(v["tensor"], ctx))
+            except ModelError as exc:
+                raise exc.within(".tensor") from None
+        return super().parse(v, ctx)
+
+
 @dataclass
 class Domain:
     min: Any = W(BoundT(5), nullable=True)
@@ -477,7 +490,7 @@ class Buffer:
     export: bool = W(BOOL)
     of: str = W(STR, nullable=True)
     group: str = W(STR, nullable=True)
-    bind: list = W(ListOf(Struct(Segment)))
+    bind: list = W(ListOf(SegmentT(Segment)))
 
 
 @dataclass

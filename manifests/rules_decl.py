@@ -274,10 +274,14 @@ def _bind(s: Scope, buf, path: str) -> None:
               f"or a source, not a {buf.kind} buffer")
         return
     for i, seg in enumerate(segs):
+        for rule, sub, msg in _tensor_source(s, seg.tensor):
+            s.add(rule, f"{path}.bind[{i}].tensor{sub}", msg)
+        if seg.interleave is None and seg.rows is None and seg.cols is None:
+            continue  # a whole tensor, the common case: nothing more to check
         sp = f"{path}.bind[{i}]"
-        _tensor_source(s, seg.tensor, f"{sp}.tensor")
         if seg.interleave is not None:
-            _tensor_source(s, seg.interleave.with_, f"{sp}.interleave.with")
+            for rule, sub, msg in _tensor_source(s, seg.interleave.with_):
+                s.add(rule, f"{sp}.interleave.with{sub}", msg)
             if seg.interleave.rows == 0:
                 s.add("bind.interleave_rows", f"{sp}.interleave.rows", "rows must be > 0")
             if seg.rows is not None or seg.cols is not None:
@@ -305,13 +309,22 @@ def _group_count(s: Scope, g: str, n: int, path: str, what: str) -> None:
         s.add("bind.rank_count", path, f"group `{g}` needs {s.groups[g]} {what}, got {n}")
 
 
-def _tensor_source(s: Scope, src, path: str) -> None:
-    names = [src]
-    if isinstance(src, dict):
-        names = src["tensors"]
-        _group_count(s, src["group"], len(names), path, "tensor names")
+def _tensor_source(s: Scope, src) -> list[tuple[str, str, str]]:
+    """A segment's tensor names: (rule, path below the source, sentence) per fault. Returned,
+    not added, so the common faultless case never formats a path."""
+    if type(src) is str:
+        return [] if src else [("bind.empty_tensor", "", "empty tensor name")]
+    names, g = src["tensors"], src["group"]
+    s.used_groups.add(g)
+    out = []
+    if g not in s.groups:
+        out.append(("bind.unknown_group", ".group", f"unknown topology group `{g}`"))
+    elif s.groups[g] != len(names):
+        out.append(("bind.rank_count", "", f"group `{g}` needs {s.groups[g]} tensor names, "
+                    f"got {len(names)}"))
     if "" in names:
-        s.add("bind.empty_tensor", path, "empty tensor name")
+        out.append(("bind.empty_tensor", "", "empty tensor name"))
+    return out
 
 
 def _peer(s: Scope, name: str, buf, path: str) -> None:

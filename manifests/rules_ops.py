@@ -37,6 +37,7 @@ def check(s: Scope) -> None:
 
 def _op(s: Scope, name: str, op, path: str) -> None:
     iface = [param_type(p) for p in op.params]
+    s.op_iface[name] = iface
     for i, pt in enumerate(iface):
         if pt[0] == "bytes":
             s.add("op.bytes_param", f"{path}.params[{i}]", "a byte aggregate is launch-private; "

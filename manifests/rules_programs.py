@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from manifests import expr as ex
 from manifests.diagnostics import key_path
-from manifests.model import DTYPE_BYTES, param_type
+from manifests.model import DTYPE_BYTES
 from manifests.verify import I32_MAX, I64_MAX, Scope
 
 PRE_WRITTEN = {"input", "inout", "weight", "source", "carry", "peer"}
@@ -81,9 +81,8 @@ def _program(s: Scope, p, path: str, written_anywhere: set, called_ops: set) -> 
                 if a.form == "buf":
                     s.used_buffers.add(a.value)
             continue
-        for ai, (a, ptext) in enumerate(zip(call.args, op.params)):
-            _arg(s, p, call.op, ai, a, param_type(ptext), f"{cp}.args[{ai}]", written,
-                 written_anywhere)
+        for ai, (a, pt) in enumerate(zip(call.args, s.op_iface[call.op])):
+            _arg(s, p, call.op, ai, a, pt, f"{cp}.args[{ai}]", written, written_anywhere)
 
 
 def _arg(s: Scope, p, opname, pos, a, pt, path, written, written_anywhere) -> None:

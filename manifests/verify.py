@@ -40,6 +40,7 @@ class Scope:
         self.op_footprints: dict[str, dict[int, list[int | None]]] = {}
         self.op_extern: dict[str, bool] = {}
         self.op_nccl: dict[str, bool] = {}
+        self.op_iface: dict[str, list[tuple]] = {}  # parsed param types, per op
 
     def add(self, rule: str, path: str, message: str) -> None:
         self.out.add(rule, path, message)

@@ -216,14 +216,16 @@ def param_type(text: str) -> tuple | None:
 class ListOf:
     def __init__(self, item, length: int | None = None):
         self.item, self.length = item, length
+        # a list of plain values (tensor names) is checked at C speed, without a call each
+        self.plain = {item.typ} if type(item) is Plain else None
 
     def parse(self, v, ctx):
         if type(v) is not list:
             raise ModelError("$", f"expected an array, got {_kind(v)}")
         if self.length is not None and len(v) != self.length:
             raise ModelError("$", f"expected {self.length} entries, got {len(v)}")
-        if type(self.item) is Plain and set(map(type, v)) <= {self.item.typ}:
-            return v[:]  # a list of plain strings (tensor names): checked at C speed
+        if self.plain is not None and set(map(type, v)) <= self.plain:
+            return v[:]
         parse = self.item.parse
         try:
             return [parse(x, ctx) for x in v]
