@@ -8,8 +8,8 @@ commands call these first:
   verify is refused with the verifier's first finding, before any command-specific code touches
   its fields (those assume a verified manifest and would otherwise fail with a traceback).
 - `check_outputs(inputs, outputs)` refuses an output path that is one of the inputs (or lies
-  inside an input folder), two outputs that are one path, and an output whose folder does not
-  exist, before anything is read.
+  inside an input folder), two outputs that are one path, and an output that cannot be made,
+  before anything is read.
 - `archive_named(path)` makes errors about an unpacked archive's members name the archive.
 - `OutFolder` owns an `--out` folder: an existing non-empty folder is refused unless `--force`;
   the files a run writes are listed in `OUT/.mine-written`, so that a `--force` run removes the
@@ -63,7 +63,8 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_outputs(inputs: Iterable[Optional[Path]], outputs: dict[str, Optional[Path]]) -> None:
-    """Refuse output files that are inputs, lie in an input folder, coincide, or cannot be made.
+    """Refuse output files that are inputs, lie in an input folder, coincide, or cannot be made
+    (a file where a folder must be, a folder that is not writable); missing folders are fine.
 
     `outputs` maps the option that names a file (`--json`) to its path; None entries are skipped.
     Existing output files elsewhere are written over: the user named them as outputs."""
@@ -82,8 +83,13 @@ def check_outputs(inputs: Iterable[Optional[Path]], outputs: dict[str, Optional[
         seen[r] = flag
         if r.is_dir():
             raise UsageError(f"{flag} {out} is a folder; give a file name")
-        if not r.parent.is_dir():
-            raise UsageError(f"{flag} {out}: the folder {out.parent} does not exist")
+        anc = r.parent
+        while not anc.exists():  # missing folders are made when the file is written
+            anc = anc.parent
+        if not anc.is_dir():
+            raise UsageError(f"{flag} {out}: {anc} is a file, not a folder")
+        if not os.access(anc, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {out}: the folder {anc} is not writable")
 
 
 class OutFolder:

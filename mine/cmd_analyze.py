@@ -53,6 +53,9 @@ def analyze_cmd(
         result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result, sections=sections, full=full, label=str(path))
     _print_damage(dump)
+    for out in (json_out, plot, trace):
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
     if json_out:
         json_out.write_text(json.dumps(to_json(result), indent=1))
         typer.echo(f"wrote {json_out}")

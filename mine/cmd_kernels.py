@@ -55,9 +55,11 @@ def kernels_check(build_dir: Optional[Path] = typer.Argument(None, help="Folder 
     every module of manifests/**/*.json pinned.
 
     \b
-    Examples:
+    Example:
       mine kernels check                       # without built cubins: sources and prebuilt only
-      mine kernels check manifests/qwen3/kernels   # also cubins in a folder, by module name
+    \b
+    Example (needs the cubins `mine kernels build -o out/kernels` wrote, so nvcc):
+      mine kernels check out/kernels           # also those cubins, hashed and ABI-checked
     """
     if build_dir is not None and not build_dir.is_dir():
         raise NotADirectoryError(f"build dir {build_dir} is not a folder")

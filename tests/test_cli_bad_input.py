@@ -99,7 +99,7 @@ CASES = [
     (["analyze", "{t}/emptydir"], "{t}/emptydir"),
     (["analyze", str(DUMP), "--json", str(DUMP)], "is the input"),
     (["analyze", "{t}/d", "--json", "{t}/d/launches.jsonl"], "lies inside the input"),
-    (["analyze", str(DUMP), "--json", "{t}/nofolder/a.json"], "does not exist"),
+    (["analyze", str(DUMP), "--json", "{t}/plain.txt/a.json"], "is a file, not a folder"),
     (["analyze", str(DUMP), "--json", "{t}/d"], "is a folder"),
     (["analyze", str(DUMP), "--json", "{t}/a.json", "--plot", "{t}/a.json"], "name one file"),
     (["analyze", str(DUMP), "--gap-ms", "soon"], "'--gap-ms'"),
@@ -191,6 +191,9 @@ CASES = [
     (["cut", str(QWEN3), "--at", "100", "-o", "{t}/d"], "already exists and is not empty"),
     (["cut", str(QWEN3), "--at", "100"], "'--out'"),
     (["cut", str(K3D), "--at", "1", "-o", "{t}/o"], "topology"),
+    # replay (a GPU command: here the missing GPU or the missing path, either in one sentence)
+    (["replay", "{t}/missing"], "mine: error:"),
+    (["replay", str(DUMP), "--limit", "0"], "'--limit'"),
 ]
 
 
@@ -252,7 +255,7 @@ def test_every_command_has_bad_input_cases():
             yield from leaves(sub, (*path, name))
 
     covered = {" ".join(a[:2]) for a, _ in CASES} | {a[0] for a, _ in CASES}
-    missing = [c for c in leaves(get_command(app)) if c not in covered and c != "replay"]
+    missing = [c for c in leaves(get_command(app)) if c not in covered]
     assert not missing, f"commands without bad-input cases: {missing}"
 
 
