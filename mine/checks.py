@@ -95,8 +95,9 @@ def check_outputs(inputs: Iterable[Optional[Path]], outputs: dict[str, Optional[
 class OutFolder:
     """An `--out` folder a command writes into, checked before the command starts.
 
-    Refused: a path that is a file, an input or lies inside one, and an existing folder holding
-    files unless `force`. An input may lie inside the folder (an analysis written there before);
+    Refused: a path that is a file or an input, and an existing folder holding files unless
+    `force`. The folder may lie inside an input folder (a dump's), and an input may lie inside the
+    folder (an analysis written there before): nothing is removed that this tool did not record;
     `path` refuses to hand it out as an output and `finish` never removes it. `path(rel)` records
     what this run writes; `finish()` writes the record and, with `force`, removes the files the
     previous run recorded that this one did not write."""
@@ -116,7 +117,7 @@ class OutFolder:
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(f"{flag} {out} is a file, not a folder")
         for given, src in self.inputs:
-            if r == src or (src.is_dir() and _inside(r, src)):
+            if r == src:
                 raise UsageError(f"{flag} {out} overlaps the input {given}; write the output elsewhere")
         self.earlier = self._earlier()
         if self.root.is_dir() and any(self.root.iterdir()) and not force:

@@ -132,7 +132,7 @@ def qwen3(
     toml = kernels if kernels is not None else kernels_toml
     for flag, given in (("--dump", dump), ("--config", config), ("--analysis", analysis), ("--weights", weights)):
         if given is not None and not given.exists():
-            raise FileNotFoundError(f"{flag} {given}: no such file or folder")
+            raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
     with archive_named(dump):
         cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)

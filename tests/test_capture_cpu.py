@@ -62,8 +62,8 @@ def _mine(*args, cwd=ROOT):
     (["capture", "true"], "put the command after `--`"),
     (["capture", "--", "no-such-command-xyz"], "command not found"),
     (["capture", "-o", "pyproject.toml", "--", "true"], "is not a folder"),
-    (["capture", "--format", "xml", "--", "true"], "MINE_CAPTURE_FORMAT must be one of json, bin"),
-    (["capture", "--writer", "fast", "--", "true"], "MINE_CAPTURE_WRITER must be one of write, mmap"),
+    (["capture", "--format", "xml", "--", "true"], "Invalid value for '--format'"),
+    (["capture", "--writer", "fast", "--", "true"], "Invalid value for '--writer'"),
 ])
 def test_cli_bad_input_is_one_sentence_exit_2(args, msg):
     r = _mine(*args)
