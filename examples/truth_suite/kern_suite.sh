@@ -27,7 +27,7 @@ for name in "$@"; do
     truth="$work/$name/truth.json"
   fi
   ( cd "$root" && python3 -m mine.cli gen qwen3 --dump "$dump" --config "$work/$name/model/config.json" \
-      --out "$work/$name/manifest" ) > "$out/$name.gen.log" 2>&1 || { echo "$name: gen failed"; tail -3 "$out/$name.gen.log"; continue; }
+      --out "$work/$name/manifest" --force ) > "$out/$name.gen.log" 2>&1 || { echo "$name: gen failed"; tail -3 "$out/$name.gen.log"; continue; }
   python3 "$here/truth_suite/kern_check.py" "$work/$name/manifest" "$work/$name/model" "$truth" "$out/$name.kern.json" \
       2>&1 | tail -3
   echo "$name: kern_check rc=${PIPESTATUS[0]}"
