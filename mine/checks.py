@@ -11,6 +11,7 @@ commands call these first:
   inside an input folder), two outputs that are one path, and an output that cannot be made,
   before anything is read.
 - `archive_named(path)` makes errors about an unpacked archive's members name the archive.
+- `progress(what)` shows a spinner while a slow step runs.
 - `OutFolder` owns an `--out` folder: an existing non-empty folder is refused unless `--force`;
   the files a run writes are listed in `OUT/.mine-written`, so that a `--force` run removes the
   files of an earlier run it does not write again (a stale `stage2.json` of another cut) and
@@ -188,3 +189,20 @@ def archive_named(path: Optional[Path]):
         if not cache.search(text):
             raise
         raise UsageError(cache.sub(lambda m: f"{path}:" if m.group(0).endswith("/") else str(path), text)) from None
+
+
+@contextmanager
+def progress(what: str):
+    """A spinner on stderr while a step of a few seconds runs (reading and analysing a capture), so
+    a silent terminal never looks like a hung one. Shown only on a terminal; nothing is printed
+    into a pipe or a log."""
+    import sys
+
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if not (sys.stderr.isatty() and err.is_terminal):
+        yield
+        return
+    with err.status(what, spinner="dots"):
+        yield

@@ -38,7 +38,7 @@ def analyze_cmd(
       mine analyze tests/fixtures/vllm/vllm-offline.tar.xz --json out/analysis.json --plot out/timeline.png
       mine analyze tests/fixtures/vllm/vllm-serve.tar.xz --gap-ms 5 --trace out/trace.json
     """
-    from mine.checks import archive_named, check_outputs
+    from mine.checks import archive_named, check_outputs, progress
     from mining import plots, report
     from mining.analyze import analyze, to_json
     from mining.load import load_dump
@@ -49,8 +49,10 @@ def analyze_cmd(
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture
     check_outputs([path], {"--json": json_out, "--plot": plot, "--trace": trace})
     with archive_named(path):
-        dump = load_dump(path, pid=pid, cache=not no_cache)
-        result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
+        with progress(f"reading {path}"):
+            dump = load_dump(path, pid=pid, cache=not no_cache)
+        with progress(f"analysing {len(dump.launches):,} launches"):
+            result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result, sections=sections, full=full, label=str(path))
     _print_damage(dump)
     for out in (json_out, plot, trace):

@@ -125,7 +125,7 @@ def qwen3(
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
     from manifests.abi import check_abi
-    from mine.checks import OutFolder, archive_named
+    from mine.checks import OutFolder, archive_named, progress
 
     if chunk < 1:
         raise ValueError(f"--chunk must be at least 1, got {chunk}")
@@ -134,7 +134,7 @@ def qwen3(
         if given is not None and not given.exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
-    with archive_named(dump):
+    with archive_named(dump), progress(f"reading and mining {dump}"):
         cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)
     if weights is not None:
         files = sorted(Path(weights).glob("*.safetensors"))
