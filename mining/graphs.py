@@ -57,7 +57,6 @@ def _graph_event(line: bytes):
 
 
 _NUMS = ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq")
-_READ: dict = {}   # (path, size, mtime) -> (rows, report): load_dump and analyze read it once
 
 
 def read_graphs(folder: Path, warnings: list[str] | None = None,
@@ -68,13 +67,8 @@ def read_graphs(folder: Path, warnings: list[str] | None = None,
     src = Path(folder) / GRAPHS
     rep = FileReport(GRAPHS)
     if src.is_file():
-        st = src.stat()
-        key = (str(src.resolve()), st.st_size, st.st_mtime_ns)
-        if key not in _READ:
-            _READ.clear()
-            _READ[key] = lines_report(GRAPHS, src.read_bytes(), _graph_event,
-                                      lambda line: "not a graph event of the documented types and ranges")
-        rows, rep = _READ[key]
+        rows, rep = lines_report(GRAPHS, src.read_bytes(), _graph_event,
+                                 lambda line: "not a graph event of the documented types and ranges")
     bad = sum(r.records or 0 for r in rep.ranges if r.reason.startswith("not a graph event"))
     if bad and warnings is not None:
         warnings.append(f"{GRAPHS}: dropped {bad} unparsable line(s)")
