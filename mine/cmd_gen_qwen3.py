@@ -133,13 +133,13 @@ def qwen3(
     for flag, given in (("--dump", dump), ("--config", config), ("--analysis", analysis), ("--weights", weights)):
         if given is not None and not given.exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
+    files = sorted(Path(weights).glob("*.safetensors")) if weights is not None else []
+    if weights is not None and not files:
+        raise ValueError(f"--weights {weights} holds no .safetensors files")
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
     with archive_named(dump), progress(f"reading and mining {dump}"):
         cfg, mm, table, m = build_manifest(dump, config, toml, chunk, pid, analysis)
     if weights is not None:
-        files = sorted(Path(weights).glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"{weights} holds no .safetensors files")
         problems = bindings.checkpoint_problems({"buffers": {k: v for k, v in m["buffers"].items()
                                                              if not any(s["tensor"].startswith("mine.") for s in v.get("bind", []))}}, files)
         if problems:

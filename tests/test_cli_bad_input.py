@@ -116,6 +116,8 @@ CASES = [
     (G + ["-o", "{t}/o", "--analysis", "{t}/garbage.json"], "garbage.json"),
     (G + ["-o", "{t}/o", "--analysis", "{t}/missing.json"], "--analysis"),
     (G + ["-o", "{t}/o", "--kernels-toml", "{t}/bad.toml"], "bad.toml"),
+    (G + ["-o", "{t}/o", "--weights", "{t}/d"], "holds no .safetensors"),
+    (G + ["-o", "{t}/o", "--weights", "{t}/missing"], "--weights"),
     (["gen", "qwen3", "--config", str(CONFIG), "-o", "{t}/o"], "'--dump'"),
     # gen k3
     (["gen", "k3", "-o", "{t}/o", "--stages", "0"], "'--stages'"),
@@ -314,6 +316,14 @@ def test_version_and_short_help(monkeypatch, capsys):
     code, out, _ = run_main(["capture", "-h"], monkeypatch, capsys)
     assert "mine capture [OPTIONS] -- CMD [ARGS]..." in out
     assert "<bool>" not in out  # flags are shown without a value
+
+
+def test_shell_completion_completes_commands(tmp_path):
+    import os
+
+    env = dict(os.environ, _MINE_COMPLETE="complete_bash", COMP_WORDS="mine ge", COMP_CWORD="1")
+    r = subprocess.run([sys.executable, "-m", "mine.cli"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.split() == ["gen"], r.stdout + r.stderr
 
 
 def test_old_spellings_still_work(folder, monkeypatch, capsys):
