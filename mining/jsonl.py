@@ -26,7 +26,6 @@ Not checked: that `seq` is gap-free or that records are in time order (`load_dum
 from __future__ import annotations
 
 import io
-import json
 import lzma
 import os
 from pathlib import Path
