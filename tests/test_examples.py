@@ -133,3 +133,18 @@ def test_help_examples_run_in_a_fresh_clone(clone):
         _run_group(clone, lines)
         changed = [ln for ln in _tracked_changes(clone).splitlines() if not ln[3:].startswith("out/")]
         assert not changed, f"`{where}` help examples wrote outside out/: {changed}"
+
+
+@pytest.mark.slow
+def test_main_job_runs_twice_in_a_fresh_clone(clone):
+    """The README's set-up command ends in examples/main-job.sh; a second run (over its own
+    earlier output) must work too, and its report fits one 80-column screen."""
+    shutil.rmtree(clone / "out", ignore_errors=True)
+    for _ in range(2):
+        r = _shell("examples/main-job.sh", clone)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.rstrip().endswith("equals the committed manifests/qwen3/qwen3.json byte for byte")
+    report = r.stdout[:r.stdout.index("wrote out/analysis.json")].splitlines()
+    assert len(report) <= 50 and max(map(len, report)) <= 80
+    changed = [ln for ln in _tracked_changes(clone).splitlines() if not ln[3:].startswith("out/")]
+    assert not changed, changed
