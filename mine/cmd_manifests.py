@@ -21,7 +21,10 @@ def verify_cmd(
 ) -> None:
     """Verify kern manifests the way kern does, listing every violation.
 
-    Example: mine verify manifests/qwen3/qwen3.json
+    \b
+    Examples:
+      mine verify manifests/qwen3/qwen3.json
+      mine verify manifests/k3/224/d.json manifests/k3/224/p/stage0.json
     """
     out = Console(highlight=False, soft_wrap=True)
     # Read everything first: an unreadable file is a usage error (exit 2) even among good ones.

@@ -47,8 +47,11 @@ def help_examples() -> dict[str, list[str]]:
         for raw in (cmd.help or "").splitlines():
             ln = raw.strip().lstrip("\b").strip()
             if ln.lower().startswith("example"):
-                runnable = "need" not in ln.lower()
-                continue
+                head, _, inline = ln.partition(":")
+                runnable = "need" not in head.lower()
+                if not inline.strip().startswith("mine "):
+                    continue
+                ln = inline.strip()
             if ln.startswith("mine ") and runnable:
                 lines.append(ln)
         if lines and " ".join(path) not in NOT_HERE:
@@ -69,7 +72,7 @@ def all_help_lines() -> int:
 
     def walk(cmd):
         nonlocal n  # every example line of a command's help, runnable or not
-        n += sum(1 for ln in (cmd.help or "").splitlines() if ln.strip().startswith("mine "))
+        n += sum(1 for ln in (cmd.help or "").splitlines() if re.match(r"\s*(Example\S*:\s*)?mine ", ln))
         for sub in (getattr(cmd, "commands", None) or {}).values():
             walk(sub)
 
