@@ -19,7 +19,7 @@ def analyze_cmd(
     path: Path = typer.Argument(..., help="pid<N>/ folder, dump folder (or its .tar.xz), launches.jsonl or launches.bin [.gz|.xz|.zst]"),
     pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches)"),
     gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="request gap threshold (default: from the data)"),
-    per_forward: Optional[int] = typer.Option(None, "--per-forward", help="core kernel launches per forward (default: from the data)"),
+    per_forward: Optional[int] = typer.Option(None, "--per-forward", min=1, help="core kernel launches per forward (default: from the data)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the full result (docs/analysis-json.md)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the launch timeline as PNG"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON"),
@@ -44,6 +44,8 @@ def analyze_cmd(
     from mining.load import load_dump
 
     sections = report.parse_sections(section)
+    if gap_ms is not None and not gap_ms > 0:
+        raise ValueError(f"--gap-ms must be more than 0 ms, got {gap_ms:g}")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture

@@ -103,6 +103,9 @@ CASES = [
     (["analyze", str(DUMP), "--json", "{t}/d"], "is a folder"),
     (["analyze", str(DUMP), "--json", "{t}/a.json", "--plot", "{t}/a.json"], "name one file"),
     (["analyze", str(DUMP), "--gap-ms", "soon"], "'--gap-ms'"),
+    (["analyze", str(DUMP), "--gap-ms", "-1"], "--gap-ms must be more than 0 ms, got -1"),
+    (["analyze", str(DUMP), "--per-forward", "0"], "'--per-forward'"),
+    (["analyze", str(DUMP), "--section", "bogus"], "unknown section bogus"),
     (["analyze"], "missing argument"),
     # gen qwen3
     (["gen", "qwen3", "--dump", "{t}/missing", "--config", str(CONFIG), "-o", "{t}/o"], "--dump"),
