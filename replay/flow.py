@@ -55,6 +55,18 @@ def tagged(lengths: list[int], spans_: list[Span]) -> list[np.ndarray]:
     return out
 
 
+def poison(n: int, seed: int, kind: str) -> np.ndarray:
+    """Seeded poison bytes: `random` (any byte) or `random16` (each 4-byte lane a random value
+    below 2^16: random bf16 halves, bounded integers)."""
+    b = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    if kind == "random16":
+        lane = np.arange(n) % 4
+        b[lane >= 2] = 0
+    elif kind != "random":
+        raise ValueError(f"unknown poison {kind!r}")
+    return b
+
+
 def written(runs: list[tuple[list[np.ndarray], list[np.ndarray]]]) -> list[np.ndarray]:
     """Per region, a mask of the bytes the kernel wrote: changed from the fill in any of the
     (fill, after) runs."""

@@ -5,9 +5,9 @@ dynamic shared memory, launch attributes and raw parameter bytes -- exactly what
 and `cuLaunchKernelEx` take. No framework, no compiler, no knowledge of the kernel's language.
 
 Every driver result goes through `_ok`, which raises `CudaError` naming the call and the driver's
-error name. A launch that faults leaves the context unusable (CUDA's sticky errors); `reset()`
-releases and resets the primary context, after which modules are loaded and memory allocated
-again, so one faulting launch does not end a replay of many.
+error name. A launch that faults leaves the process unable to use the GPU again (CUDA's sticky
+errors: on the H200 even a primary-context reset then fails with the same illegal address), so
+replays run in worker processes (`replay.run.run_isolated`) and a fault ends only its worker.
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ class Gpu:
         self.dev = self._ok("cuDeviceGet", cu.cuDeviceGet(self.device))
         self.ctx = self._ok("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(self.dev))
         self._ok("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.ctx))
-        self.stream = self._ok("cuStreamCreate", cu.cuStreamCreate(1))   # non-blocking
+        # a blocking stream: ordered after the synchronous copies and memsets on the legacy
+        # stream that fill the regions (a non-blocking one raced with them: the first replays
+        # on the H200 read half-filled memory and looked nondeterministic)
+        self.stream = self._ok("cuStreamCreate", cu.cuStreamCreate(0))
         self.modules: dict[str, object] = {}
         self.functions: dict[tuple[str, str], object] = {}
         self.allocs: list[int] = []
@@ -84,12 +87,10 @@ class Gpu:
         name = self._ok("cuDeviceGetName", cu.cuDeviceGetName(128, self.dev))
         self.name = name.split(b"\0")[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
 
-    def reset(self) -> None:
-        """After a sticky error: drop everything, reset the primary context, open it again."""
-        cu = self.cu
-        cu.cuDevicePrimaryCtxRelease(self.dev)
-        cu.cuDevicePrimaryCtxReset(self.dev)
-        self._open()
+    def close(self) -> None:
+        """Give the primary context back (the command's parent checks the GPU, workers replay)."""
+        self.free_all()
+        self.cu.cuDevicePrimaryCtxRelease(self.dev)
 
     # ------------------------------------------------------------------ modules and memory
     def function(self, cubin_path, symbol: str, smem: int):
@@ -122,6 +123,7 @@ class Gpu:
         (seeded bytes)."""
         if pattern == "zero":
             self._ok("cuMemsetD8", self.cu.cuMemsetD8(ptr, 0, n))
+            self.sync()
             return
         if pattern == "one64":
             host = np.zeros(n, np.uint8)
@@ -134,6 +136,7 @@ class Gpu:
 
     def upload(self, ptr: int, host: np.ndarray) -> None:
         self._ok("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(ptr, host, host.nbytes))
+        self.sync()   # a pageable copy may return before its DMA lands
 
     def download(self, ptr: int, n: int) -> np.ndarray:
         host = np.empty(n, np.uint8)
@@ -176,10 +179,11 @@ class Gpu:
         if rec.get("api") != "cuTensorMapEncodeTiled":
             raise CudaError(rec.get("api", "?"), "not re-encoded (only tiled maps are)", False)
         rank = int(rec["rank"])
+        u32, u64 = cu.cuuint32_t, cu.cuuint64_t
         tm = self._ok("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
-            cu.CUtensorMapDataType(int(rec["dtype"])), rank, address,
-            [int(x) for x in rec["dims"]], [int(x) for x in rec["strides"]],
-            [int(x) for x in rec["box"]], [int(x) for x in rec["elem_strides"]],
+            cu.CUtensorMapDataType(int(rec["dtype"])), u32(rank), address,
+            [u64(int(x)) for x in rec["dims"]], [u64(int(x)) for x in rec["strides"]],
+            [u32(int(x)) for x in rec["box"]], [u32(int(x)) for x in rec["elem_strides"]],
             cu.CUtensorMapInterleave(int(rec["interleave"])), cu.CUtensorMapSwizzle(int(rec["swizzle"])),
             cu.CUtensorMapL2promotion(int(rec["l2"])), cu.CUtensorMapFloatOOBfill(int(rec["oob"]))))
         return struct.pack("<16Q", *[int(x) for x in tm.opaque])

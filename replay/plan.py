@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 
 REGION_ALIGN = 1 << 16
-MAX_REGION = 32 << 20          # bytes past the highest used offset of a truncated allocation
+MAX_REGION = 4 << 20           # bytes past the highest used offset of a truncated allocation
 MAX_TOTAL = 24 << 30           # all regions of one launch together
+ADDRESS_LO, ADDRESS_HI = 1 << 32, 1 << 47   # where x86-64 user-space pointers of a CUDA process live
 
 
 class PlanError(ValueError):
@@ -85,7 +86,7 @@ class LaunchPlan:
     words: list[PtrWord]
     tmaps: list[TensorMap]
     regions: list[Region]
-    host_words: list[tuple[int, int]] = field(default_factory=list)   # (i, at) kept as captured
+    unmapped: list[tuple[int, int, int]] = field(default_factory=list)  # (i, at, value): address-like, in no allocation
     missing: str | None = None # why it cannot run (no cubin, no layout); None: runnable
 
     @property
@@ -225,13 +226,24 @@ def plan_launch(dump, seq: int, max_region: int = MAX_REGION, attrs: dict | None
     if total > max_total and missing is None:
         missing = (f"launch {seq}: its {len(regions)} regions need {total / 2**30:.1f} GiB, above the "
                    f"{max_total / 2**30:.0f} GiB limit")
+    # 8-byte words that look like user-space addresses but lie in no captured device allocation:
+    # host memory the kernel may read through a mapping (pinned staging buffers), which a replay
+    # cannot give it; named when such a launch faults
+    unmapped = []
+    for k, b in enumerate(params):
+        for at in range(0, len(b) - 7, 8):
+            v = struct.unpack_from("<Q", b, at)[0]
+            if ADDRESS_LO <= v < ADDRESS_HI and v % 256 == 0 and \
+                    not any(w.i == k and w.at == at for w in words) and \
+                    not any(t.i == k and t.at <= at < t.at + 128 for t in tmaps):
+                unmapped.append((k, at, v))
     a = attrs if attrs is not None else read_attrs(folder, {seq}).get(seq, {})
     cl = a.get("cluster")
     return LaunchPlan(seq, str(r["symbol"]), sha, cubin,
                       (int(r["grid_x"]), int(r["grid_y"]), int(r["grid_z"])),
                       (int(r["block_x"]), int(r["block_y"]), int(r["block_z"])), int(r["smem"]),
                       tuple(int(x) for x in cl) if isinstance(cl, list) and len(cl) == 3 else None,
-                      a, params, offsets, words, tmaps, regions, missing=missing)
+                      a, params, offsets, words, tmaps, regions, unmapped, missing=missing)
 
 
 def rebased(plan: LaunchPlan, bases: list[int], maps: dict[int, bytes] | None = None) -> list[bytes]:

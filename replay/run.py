@@ -6,10 +6,10 @@ again, rebase its pointer words, then
   1. run it on zero-filled regions and on tagged ones (`replay.flow`): the write set;
   2. run it on the tagged fill again: identical memory after both, or the launch is not
      deterministic (its reads are then not judged);
-  3. per pointer word, run it with the word's span poisoned: the read set;
+  3. per pointer word, run it with the word's span poisoned (`POISONS`): the read set;
   4. time `reps` launches with CUDA events on the tagged fill, L2 flushed before each.
-A launch that faults is reported with the driver's error and the context is reset; the next
-launch runs on a fresh one. Timings of kernels whose work depends on memory contents (attention
+A launch that faults is reported with the driver's error; the fault ends its worker process and the
+next launch runs in a fresh one (`run_isolated`). Timings of kernels whose work depends on memory contents (attention
 reading sequence lengths, for one) are of the fill's data, which the result says.
 """
 
@@ -24,6 +24,9 @@ from replay.gpu import CudaError, Gpu
 from replay.plan import LaunchPlan, PlanError, plan_launch, read_attrs, read_tensormaps, rebased
 
 FILL_TIMED = "tagged"
+# poisons tried in order until one shows a read: bounded first (every 4-byte lane below 2^16, so
+# a loop bound or an index read from it cannot make a kernel run for ever), then any bytes
+POISONS = ("random16", "random")
 
 
 @dataclass
@@ -36,7 +39,10 @@ class WordFlow:
     written_ranges: int
     read: bool | None          # None: not judged (not deterministic, or --no-flow)
     read_by: str               # output | fault | "" (how the read showed)
-    direction: str             # in | out | inout | unused | in? | out?
+    direction: str             # in | out | inout | unused | in? | out?, over the word's span
+    shared: bool = False       # other words point into its region at other offsets: a write past
+                               # the next one's offset (an interleaved K/V cache) counts to that one
+    region_written: bool = False
 
 
 @dataclass
@@ -72,7 +78,8 @@ class _Setup:
         self.params = rebased(plan, self.bases, maps)
         self.fn = gpu.function(plan.cubin, plan.symbol, plan.smem)
 
-    def fill(self, pattern: str, poison: FL.Span | None = None, seed: int = 0) -> list[np.ndarray]:
+    def fill(self, pattern: str, poison: FL.Span | None = None, seed: int = 0, kind: str = "random16"
+             ) -> list[np.ndarray]:
         """Fill every region (`zero` or `tagged`), then poison one span; returns the fill."""
         host = self.zero if pattern == "zero" else self.tagged
         for b, h in zip(self.bases, host):
@@ -80,10 +87,11 @@ class _Setup:
                 self.gpu.fill(b, len(h), "zero")
             else:
                 self.gpu.upload(b, h)
-        if poison is not None:
-            n = poison.hi - poison.lo
-            if n > 0:
-                self.gpu.fill(self.bases[poison.region] + poison.lo, n, "random", seed)
+        if poison is not None and poison.hi > poison.lo:
+            host = [h.copy() for h in host]
+            rnd = FL.poison(poison.hi - poison.lo, seed, kind)
+            host[poison.region][poison.lo:poison.hi] = rnd
+            self.gpu.upload(self.bases[poison.region] + poison.lo, rnd)
         return host
 
     def run(self) -> list[np.ndarray]:
@@ -93,8 +101,10 @@ class _Setup:
         return [self.gpu.download(b, r.length) for b, r in zip(self.bases, p.regions)]
 
 
-def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = True, seed: int = 1
-               ) -> LaunchResult:
+def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = True, seed: int = 1,
+               faulted: frozenset = frozenset()) -> LaunchResult:
+    """One launch, in this process. `faulted`: spans whose poisoned run already faulted (in an
+    earlier worker, which the fault ended); a new fault raises `Faulted`."""
     res = LaunchResult(plan.seq, plan.symbol, "ok",
                        regions=[{"buffer_id": r.buffer_id, "start": r.start, "length": r.length,
                                  "alloc_size": r.alloc_size, "truncated": r.truncated} for r in plan.regions])
@@ -111,22 +121,44 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
         s.fill("tagged")
         again = s.run()
         res.deterministic = all(np.array_equal(a, b) for a, b in zip(after1, again))
-        wrote = FL.written([(fill0, after0), (fill1, after1)])
-        res.bytes_written = int(sum(int(w.sum()) for w in wrote))
-        sp = s.spans
-        judged: dict[tuple[int, int, int], tuple[bool | None, str]] = {}
-        for w, span in zip(plan.words, sp):
+        runs = [(fill0, after0), (fill1, after1)]
+        poisoned: dict[tuple[int, int, int], list | str | None] = {}
+        for span in s.spans:
             key = (span.region, span.lo, span.hi)
-            if key not in judged:
-                judged[key] = (None, "")
-                if judge_reads and res.deterministic:
-                    judged[key] = _judge(gpu, plan, s, span, after1, wrote, seed)
-                    if judged[key][1] == "fault":
-                        s = _Setup(gpu, plan)           # the context was reset
-            read, how = judged[key]
+            if key in faulted:
+                poisoned[key] = "fault"
+                continue
+            if key in poisoned or not (judge_reads and res.deterministic):
+                poisoned.setdefault(key, None)
+                continue
+            for kind in POISONS:
+                fill = s.fill("tagged", poison=span, seed=seed, kind=kind)
+                try:
+                    after = s.run()
+                except CudaError as exc:
+                    if not exc.sticky:
+                        raise
+                    raise Faulted(key, str(exc)) from None
+                poisoned[key] = after
+                runs.append((fill, after))
+                if FL.read_changed(after1, after, FL.written([(fill, after)] + runs[:2]), span):
+                    break
+        # written: changed from what was put there, in any run (a poisoned span shows a kernel
+        # that scales its data in place, which the small fills hide)
+        wrote = FL.written(runs)
+        res.bytes_written = int(sum(int(w.sum()) for w in wrote))
+        for w, span in zip(plan.words, s.spans):
+            got = poisoned[(span.region, span.lo, span.hi)]
+            if got is None:
+                read, how = None, ""
+            elif isinstance(got, str):
+                read, how = True, "fault"
+            else:
+                read, how = FL.read_changed(after1, got, wrote, span), "output"
             m = wrote[span.region][span.lo:span.hi]
+            shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
             res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
-                                      FL.direction(bool(m.any()), read)))
+                                      FL.direction(bool(m.any()), read), shared, bool(wrote[span.region].any())))
         s.fill(FILL_TIMED)
         t = gpu.time_launches(s.fn, plan.grid, plan.block, plan.smem, s.params, plan.cluster, reps)
         res.time_us, res.time_us_min, res.reps = float(np.median(t)), float(min(t)), len(t)
@@ -137,45 +169,127 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
                 "regions truncated: " + ", ".join(f"buffer {r.buffer_id} ({r.length >> 20} of "
                                                   f"{r.alloc_size >> 20} MiB)" for r in plan.regions if r.truncated)
     except CudaError as exc:
-        res.status, res.message = ("fault" if exc.sticky else "error"), str(exc)
         if exc.sticky:
-            gpu.reset()
+            why = str(exc)
+            if plan.unmapped:
+                i, at, v = plan.unmapped[0]
+                why += (f"; {len(plan.unmapped)} parameter word(s) look like addresses outside every captured "
+                        f"device allocation (param #{i}{'+' + str(at) if at else ''} = {v:#x}): host memory "
+                        "the kernel reads through a mapping, which a replay cannot give it")
+            raise Faulted(None, why) from None
+        res.status, res.message = "error", str(exc)
     finally:
         if gpu.allocs:
             gpu.free_all()
     return res
 
 
-def _judge(gpu: Gpu, plan: LaunchPlan, s: _Setup, span: FL.Span, baseline, wrote, seed: int):
-    """(read?, how) for one span: poisoned, run, compared (flow.read_changed); a fault is a read."""
-    s.fill("tagged", poison=span, seed=seed)
+class Faulted(Exception):
+    """A launch faulted on the device: the CUDA context of this process is lost for good (the
+    driver refuses even a reset after an illegal address), so the worker ends. `span`: the poisoned
+    span whose run faulted (a read), or None when the launch faulted on the baseline fills."""
+
+    def __init__(self, span, message: str):
+        super().__init__(message)
+        self.span, self.message = span, message
+
+
+def _worker(conn, plans, reps, judge_reads, faulted, device) -> None:
+    """A replay process: one context, plans in order, each result sent back; ends at a fault."""
     try:
-        after = s.run()
-    except CudaError as exc:
-        if not exc.sticky:
-            raise
-        gpu.reset()
-        return True, "fault"
-    return FL.read_changed(baseline, after, wrote, span), "output"
+        gpu = Gpu(device)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as one sentence
+        conn.send(("nogpu", str(exc)))
+        return
+    for k, plan in enumerate(plans):
+        try:
+            res = replay_one(gpu, plan, reps, judge_reads, faulted=frozenset(faulted) if k == 0 else frozenset())
+        except Faulted as f:
+            conn.send(("fault", plan.seq, f.span, f.message))
+            return
+        conn.send(("ok", res))
+    conn.send(("done",))
 
 
-def replay_seqs(dump, seqs: list[int], gpu: Gpu | None = None, reps: int = 20, judge_reads: bool = True,
-                max_region: int | None = None, progress=None) -> list[LaunchResult]:
-    """Plan and replay each launch of `seqs` (in order); planning errors become results too."""
+def run_isolated(plans: list[LaunchPlan], reps: int = 20, judge_reads: bool = True, device: int = 0,
+                 launch_timeout_s: float = 120.0, progress=None) -> list[LaunchResult]:
+    """Replay `plans` in worker processes: a fault ends its worker and the next one goes on (with
+    the launch that faulted, when the fault came from a poisoned span, which then counts as read);
+    a launch that gives no result within `launch_timeout_s` (a kernel that never ends) is reported
+    as hung and its worker killed."""
+    import multiprocessing as mp
+
+    from replay.gpu import NoGpu
+
+    ctx = mp.get_context("spawn")
+    out: list[LaunchResult] = []
+    todo = list(plans)
+    faulted: dict[int, set] = {}
+    while todo:
+        rx, tx = ctx.Pipe(duplex=False)
+        first = todo[0]
+        p = ctx.Process(target=_worker, args=(tx, todo, reps, judge_reads, faulted.get(first.seq, set()), device),
+                        daemon=True)
+        p.start()
+        tx.close()
+        while todo:
+            if not rx.poll(launch_timeout_s):
+                p.kill()
+                out.append(LaunchResult(todo[0].seq, todo[0].symbol, "error",
+                                        f"no result within {launch_timeout_s:.0f} s (a kernel that does not "
+                                        "end on the replay's data); its worker was killed"))
+                todo.pop(0)
+                break
+            try:
+                msg = rx.recv()
+            except EOFError:
+                out.append(LaunchResult(todo[0].seq, todo[0].symbol, "error", "the replay worker died"))
+                todo.pop(0)
+                break
+            if msg[0] == "nogpu":
+                raise NoGpu(msg[1])
+            if msg[0] == "done":
+                break
+            if msg[0] == "ok":
+                out.append(msg[1])
+                todo.pop(0)
+            elif msg[0] == "fault":
+                _, seq, span, message = msg
+                if span is None:
+                    out.append(LaunchResult(seq, todo[0].symbol, "fault", message))
+                    todo.pop(0)
+                else:
+                    faulted.setdefault(seq, set()).add(span)
+                break
+            if progress:
+                progress(len(out), len(out) + len(todo), out[-1])
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    return out
+
+
+def replay_seqs(dump, seqs: list[int], reps: int = 20, judge_reads: bool = True,
+                max_region: int | None = None, progress=None, device: int = 0) -> list[LaunchResult]:
+    """Plan and replay each launch of `seqs` (in order, in worker processes: `run_isolated`);
+    launches the plan cannot run become results too."""
     from replay.plan import MAX_REGION
 
     folder = dump.source.parent
     attrs = read_attrs(folder, set(seqs))
     tmaps = read_tensormaps(folder)
-    gpu = gpu or Gpu()
-    out = []
-    for n, seq in enumerate(seqs):
+    results: dict[int, LaunchResult] = {}
+    plans = []
+    for seq in seqs:
         try:
             plan = plan_launch(dump, seq, max_region or MAX_REGION, attrs.get(seq, {}), tmaps)
         except PlanError as exc:
-            out.append(LaunchResult(seq, "", "missing", str(exc)))
+            results[seq] = LaunchResult(seq, "", "missing", str(exc))
             continue
-        out.append(replay_one(gpu, plan, reps, judge_reads))
-        if progress:
-            progress(n + 1, len(seqs), out[-1])
-    return out
+        if plan.missing:
+            results[seq] = replay_one(None, plan)
+        else:
+            plans.append(plan)
+    for r in run_isolated(plans, reps, judge_reads, device, progress=progress):
+        results[r.seq] = r
+    return [results[s] for s in seqs if s in results]

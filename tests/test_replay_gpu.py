@@ -38,19 +38,13 @@ def _save(name: str, results) -> None:
         Path(out, name).write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from replay.gpu import Gpu
-    return Gpu()
-
-
-def test_probe_launches_replay_with_their_data_flow(gpu):
+def test_probe_launches_replay_with_their_data_flow():
     from replay.run import replay_seqs
 
     d = load_dump(FIX / "capture" / "probe.tar.xz", cache=False)
     L = d.launches
     seqs = [int(L.loc[L["symbol"].astype(str).str.contains(k), "seq"].iloc[0]) for k in PROBE]
-    res = replay_seqs(d, seqs, gpu, reps=5)
+    res = replay_seqs(d, seqs, reps=5)
     _save("probe.json", res)
     for key, r in zip(PROBE, res):
         assert r.status == "ok", (key, r.message)
@@ -70,15 +64,47 @@ def _forward(d, phase_tokens):
 
 
 @pytest.mark.parametrize("which", ["decode", "prefill"])
-def test_vllm_forward_replays(gpu, which):
+def test_vllm_forward_replays(which):
     from replay.run import replay_seqs
 
     d = load_dump(FIX / "vllm" / "vllm-offline.tar.xz", cache=False)
     f, seqs = _forward(d, 1 if which == "decode" else 2)
-    res = replay_seqs(d, seqs, gpu, reps=10)
+    res = replay_seqs(d, seqs, reps=10)
     _save(f"vllm_{which}.json", res)
     ran = [r for r in res if r.status != "missing"]
     assert len(ran) > len(res) // 2
-    bad = [(r.seq, r.symbol[:60], r.status, r.message) for r in ran if r.status != "ok"]
+    # vLLM's input staging and sampling kernels read pinned host buffers through mapped
+    # addresses the capture has no allocation for: they fault, and say so; nothing else may
+    host = "outside every captured device allocation"
+    bad = [(r.seq, r.symbol[:60], r.status, r.message) for r in ran if r.status != "ok" and host not in r.message]
     assert bad == []
-    assert all(r.deterministic is not None for r in ran)
+    assert all(r.deterministic for r in ran if r.status == "ok")
+    diffs = directions_against_the_generator(res)
+    out = os.environ.get("MINE_GPU_OUT")
+    if out:
+        Path(out, f"vllm_{which}_directions.json").write_text(json.dumps(diffs, indent=1))
+    # the layer kernels whose work does not depend on metadata in memory: measured = hand-written
+    for fam in ("rms", "fadd", "rope", "silu"):
+        assert diffs[fam]["launches"] > 0 and diffs[fam]["differences"] == [], (fam, diffs[fam])
+
+
+def directions_against_the_generator(results) -> dict:
+    """Per Qwen3 kernel family (generators/qwen3/kernels.py), the measured direction of each
+    pointer parameter the generator declares by hand, and every launch where they differ."""
+    from generators.qwen3.kernels import FAMILIES, tag
+
+    out = {f: {"launches": 0, "differences": []} for f in FAMILIES}
+    for r in results:
+        fam = tag(r.symbol) if r.status == "ok" else None
+        if fam is None:
+            continue
+        out[fam]["launches"] += 1
+        got = {w.i: w for w in r.words if w.at == 0}
+        for i, (role, want, _) in FAMILIES[fam].ptrs.items():
+            w = got.get(i)
+            measured = w.direction if w else "not a pointer here"
+            if measured != want:
+                out[fam]["differences"].append({"seq": r.seq, "param": i, "role": role, "hand": want,
+                                                "measured": measured, "shared_region": bool(w and w.shared),
+                                                "region_written": bool(w and w.region_written)})
+    return out
