@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -194,12 +195,51 @@ static void json_argv(jb_t *b) {
   jb_lit(b, "]");
 }
 
+/* ---- meta.json on a full filesystem ----
+ * Why: the counters are written at exit, when the dump's filesystem may be full (the launch
+ * records filled it and turned capture off). While the process runs, pid<N>/.meta-reserve holds
+ * 64 KB; a meta.json write that fails for want of space frees it and tries again; at exit it is
+ * removed. */
+#define META_RESERVE (64 << 10)
+static const char *reserve_path(void) {
+  static char p[4400];
+  snprintf(p, sizeof p, "%s/.meta-reserve", mc_pid_dir());
+  return p;
+}
+
+static void meta_reserve(void) {
+  static int made_pid;
+  if (made_pid == mc_pid) return;
+  made_pid = mc_pid;
+  int fd = open(reserve_path(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return;   /* there already, or no room: nothing to keep */
+  static const char zero[4096];
+  for (int k = 0; k < META_RESERVE / 4096; k++)
+    if (write(fd, zero, sizeof zero) != (ssize_t)sizeof zero) break;
+  if (close(fd) != 0) mc_note_error(MC_FN_write, errno, 0);
+}
+
+/* meta.json from b (a temporary file renamed over it); 0, or the errno of what failed */
+static int meta_file(const jb_t *b) {
+  char path[4400], tmp[4500];
+  snprintf(path, sizeof path, "%s/meta.json", mc_pid_dir());
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "we");
+  if (!f) return errno ? errno : EIO;
+  int ok = fwrite(b->p, 1, b->n, f) == b->n;
+  int e = ok ? 0 : (errno ? errno : EIO);
+  if (fclose(f) != 0 && !e) e = errno ? errno : EIO;
+  if (!e && rename(tmp, path) != 0) e = errno ? errno : EIO;
+  if (e) unlink(tmp);
+  return e;
+}
+
 void mc_meta_write(int final) {
   if (!mc_pid_dir()[0]) return;
   if (!final && !atomic_load(&devices_known)) {
     /* devices can be asked once a context exists (cuInit is still running at injection) */
     CUcontext c = NULL;
-    if (mc_drv.cuCtxGetCurrent && mc_drv.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) atomic_store(&devices_known, 1);
+    if (MC_CU(cuCtxGetCurrent, &c) == CUDA_SUCCESS && c) atomic_store(&devices_known, 1);
   }
   MC_LOCK(&meta_lock);
   jb_t b = {0};
@@ -263,14 +303,14 @@ void mc_meta_write(int final) {
   }
   if (disabled_reason[0]) { jb_lit(&b, ",\"disabled\":"); jb_str(&b, disabled_reason); }
   jb_lit(&b, "}\n");
-  char path[4400], tmp[4500];
-  snprintf(path, sizeof path, "%s/meta.json", mc_pid_dir());
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "we");
-  if (f) {
-    int ok = fwrite(b.p, 1, b.n, f) == b.n;
-    ok &= fclose(f) == 0;
-    if (ok) rename(tmp, path); else unlink(tmp);
+  if (!b.bad) {   /* (out of memory: the choke point turned capture off; meta.json stays as it was) */
+    int e = meta_file(&b);
+    if (e == ENOSPC || e == EDQUOT) {   /* a full filesystem: the reserve makes room for the counters */
+      unlink(reserve_path());
+      e = meta_file(&b);
+    }
+    if (e) mc_note_error(MC_FN_write, e, 0);
+    else if (!final) meta_reserve();
   }
   free(b.p);
   MC_UNLOCK(&meta_lock);
@@ -284,7 +324,10 @@ static void at_exit(void) {
   if (done_pid == mc_pid) return; /* atexit and the destructor both come here */
   done_pid = mc_pid;
   mc_files_finalize();
-  if (files_opened_pid == mc_pid && mc_pid_dir()[0]) mc_meta_write(1);
+  if (files_opened_pid == mc_pid && mc_pid_dir()[0]) {
+    mc_meta_write(1);
+    unlink(reserve_path());   /* (absent when already spent) */
+  }
 }
 
 __attribute__((destructor)) static void at_unload(void) {
