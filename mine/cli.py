@@ -56,6 +56,7 @@ COMMAND_MODULES = (
     "mine.cmd_k3",
     "mine.cmd_manifests",
     "mine.cmd_kernels",
+    "mine.cmd_replay",
 )
 
 for _name in COMMAND_MODULES:

@@ -6,8 +6,8 @@ two fills: all zeros, and `tagged` (span k holds the u64 value k + 1 repeated: s
 tiny floats, so a kernel reading them as indices stays in bounds, and different per span, so a
 kernel copying one buffer into another changes the copy). A byte the kernel writes with the
 fill's own value in one run still shows in the other. A parameter word is *read* when poisoning
-the bytes it points at (seeded random bytes over its span, every other byte as in the tagged
-run) changes anything the tagged run wrote, or anything outside the poisoned bytes, or makes the
+the bytes it points at (seeded random bytes over its span, `poison`, bounded first and then
+unbounded; every other byte as in the tagged run) changes anything the tagged run wrote, or anything outside the poisoned bytes, or makes the
 launch fault (the bytes steer addresses: indices, block tables); the poisoned span's own bytes the
 kernel never wrote are not compared (they hold the poison either way).
 
