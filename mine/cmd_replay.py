@@ -79,10 +79,10 @@ def replay_cmd(
     from replay.gpu import Gpu
     from replay.run import replay_seqs
 
-    gpu = Gpu()      # no GPU: say so before any work
+    Gpu().close()    # no GPU: say so before any work (the replays run in worker processes)
     dump = load_dump(dump_path, pid=pid)
     seqs = select(dump, seq, kernel, forward, limit)
-    results = replay_seqs(dump, seqs, gpu, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
+    results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
     _table(results, forward)
     if json_out:
         json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))

@@ -84,8 +84,9 @@ def align(launches: pd.DataFrame, forward: np.ndarray, executed: pd.DataFrame | 
     first_row = pd.Series(kept.index.to_numpy(), index=kept["site"].to_numpy()).groupby(level=0).min()
     order = pd.DataFrame({"f0": kept.groupby("site")["forward"].min(), "r0": first_row})
     idx = idx.join(order).sort_values(["f0", "r0"]).drop(columns=["f0", "r0"])
-    idx["sha256"] = kept.groupby("site", observed=True)["sha256"].agg(
-        lambda v: sorted(str(x) for x in v.unique())).reindex(idx.index)
+    # as plain strings: an aggregate of a categorical column is cast back to it by some pandas
+    builds = pd.Series(kept["sha256"].astype(str).to_numpy(), index=kept["site"].to_numpy())
+    idx["sha256"] = builds.groupby(level=0).agg(lambda v: sorted(set(v))).reindex(idx.index)
     idx = idx.reset_index()
     idx["layer"], idx["pos"] = -1, -1
     g = counts.groupby("symbol")
