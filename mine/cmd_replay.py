@@ -65,6 +65,10 @@ def replay_cmd(
                                        help="MiB past the highest used offset of a large allocation"),
     pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write every result as JSON"),
+    analysis: Optional[Path] = typer.Option(None, "--analysis",
+                                            help="the dump's analysis JSON (mine analyze --json) for --flow-out"),
+    flow_out: Optional[Path] = typer.Option(None, "--flow-out",
+                                            help="write the analysis with its `flow` section filled from these replays"),
 ) -> None:
     """Run captured launches again, alone, on this GPU: read/write set per pointer parameter,
     determinism, time.
@@ -79,6 +83,12 @@ def replay_cmd(
     from replay.gpu import Gpu
     from replay.run import replay_seqs
 
+    for out in (json_out, flow_out):
+        if out is not None and (out.resolve() == dump_path.resolve() or
+                                (analysis is not None and out.resolve() == analysis.resolve())):
+            raise ValueError(f"{out}: an output may not be one of the inputs")
+    if analysis is not None and flow_out is None:
+        raise ValueError("--analysis is read for --flow-out; give --flow-out OUT.json too")
     Gpu().close()    # no GPU: say so before any work (the replays run in worker processes)
     dump = load_dump(dump_path, pid=pid)
     seqs = select(dump, seq, kernel, forward, limit)
@@ -87,6 +97,31 @@ def replay_cmd(
     if json_out:
         json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
         typer.echo(f"wrote {json_out}")
+    if flow_out:
+        doc = with_flow(dump, results, analysis)
+        flow_out.write_text(json.dumps(doc.to_json(), indent=1))
+        typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
+
+
+def with_flow(dump, results, analysis: Path | None):
+    """The analysis (read from `analysis`, or computed) with its flow section from `results`."""
+    from mining.contract import from_json
+    from replay.sites import flow_words
+
+    if analysis is not None:
+        try:
+            doc = from_json(json.loads(analysis.read_text()))
+        except ValueError as exc:
+            raise ValueError(f"{analysis}: {exc}") from None
+        if doc.source.launches != len(dump.launches):
+            raise ValueError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
+                             f"this dump has {len(dump.launches)})")
+    else:
+        from mining.analyze import analyze, document
+        doc = document(analyze(dump))
+    symbols = dict(zip(dump.launches["seq"].tolist(), dump.launches["symbol"].astype(str).tolist()))
+    doc.flow, _ = flow_words(results, doc, symbols)
+    return doc
 
 
 def _table(results, forward) -> None:

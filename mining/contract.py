@@ -223,6 +223,18 @@ class View:
 
 
 @dataclass
+class FlowWord:
+    site: str
+    i: int
+    at: int
+    direction: str         # in | out | inout | unused (| in? / out? where reads were not judged)
+    written_bytes: int     # bytes of its span the launch wrote
+    read_by: str           # output | fault | "" (how the read showed)
+    shared: bool           # other words point into its region at other offsets
+    seq: int               # the launch record that was replayed for this site
+
+
+@dataclass
 class Fit:
     site: str
     symbol: str
@@ -280,6 +292,7 @@ class AnalysisDoc:
     fits: list[Fit]
     no_layout: list[NoLayout] = field(default_factory=list)
     damage: list[FileDamage] = field(default_factory=list)   # per dump file read (mining/damage.py)
+    flow: list[FlowWord] = field(default_factory=list)       # measured by `mine replay` (replay/sites.py)
 
     def to_json(self) -> dict:
         return _dump(self)

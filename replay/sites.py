@@ -1,0 +1,48 @@
+"""Replay results as the analysis' `flow` section: measured directions per call site.
+
+Why here: a replay measures launch records (seqs); generators and the compiler think in call
+sites (`mining.contract.site_name`: symbol and occurrence in a forward). The analysis' forwards
+list their launch records in order, so the k-th launch of a symbol in a forward is that symbol's
+site k -- the rule `mining.sites.align` names sites by. A record that several forwards share (one
+captured into a graph and replayed) keeps the site of the first of them.
+"""
+
+from __future__ import annotations
+
+from mining.contract import AnalysisDoc, FlowWord, site_name
+
+
+def site_of(doc: AnalysisDoc, symbols: dict[int, str]) -> dict[int, str]:
+    """launch seq -> call site, over the analysis' forwards (`symbols`: seq -> symbol)."""
+    out: dict[int, str] = {}
+    for f in doc.passes.forwards:
+        occ: dict[str, int] = {}
+        for first, n in f.seqs:
+            for seq in range(first, first + n):
+                sym = symbols.get(seq)
+                if sym is None:
+                    continue
+                k = occ.get(sym, 0)
+                occ[sym] = k + 1
+                out.setdefault(seq, site_name(sym, k))
+    return out
+
+
+def flow_words(results, doc: AnalysisDoc, symbols: dict[int, str]) -> tuple[list[FlowWord], int]:
+    """(FlowWords of every replayed launch that falls in a forward of the analysis, launches
+    left out because no forward holds them). One launch per site is enough: the first replayed
+    one is kept."""
+    sites = site_of(doc, symbols)
+    out, seen, outside = [], set(), 0
+    for r in results:
+        if r.status != "ok":
+            continue
+        site = sites.get(r.seq)
+        if site is None:
+            outside += 1
+            continue
+        if site in seen:
+            continue
+        seen.add(site)
+        out += [FlowWord(site, w.i, w.at, w.direction, w.written_bytes, w.read_by, w.shared, r.seq) for w in r.words]
+    return out, outside
