@@ -11,14 +11,16 @@ and `decode_records` / the CLI give the records exactly as the C library's compa
 would have formatted them (key order, `"0x.."` pointers, lowercase hex, `host` entries), so a
 binary dump can be read by anything that reads launches.jsonl.
 
-Scanning: one vectorised pass lists every 8-aligned position holding the magic at +4 with a sane
-`len`; the walk by `len` then follows runs of records that chain into each other in one step, so
-the Python work is per damaged spot (or per false magic inside a blob), not per record. Damage:
-where the walk lands on a position that is not such a header, the rest of the file is either NUL
-bytes (the mmap writer's preallocated tail: not a record) or the walk resumes at the next header
-whose `seq` exceeds the last good one, counting one damaged record per damaged stretch (also when
-no header follows it). A record whose attributes and blob do not fit inside its `len` is dropped and
-counted the same way. Not checked: that `seq` is gap-free or in order after a good record.
+Scanning: one vectorised pass lists every 8-aligned position holding the magic at +4 and a header
+whose every field lies in its documented range, with a `len` that is exactly the sum of its parts
+(docs/dump-format.md "Reading damaged dumps"); an undamaged file is then recognised with a few
+vector compares (the headers chain from 0 to the end, seq rising by one). Otherwise the walk
+follows chains of abutting records whose seq rises by one, in one step each, and where it meets a
+position that does not continue the chain, resumes at the first valid header whose seq continues
+the sequence (above the last good one by at most 1 + bytes skipped / 112): the Python work is per
+damaged spot, not per record. `Scan.skips` lists every byte range skipped, why, and the records
+it held (the seq gap; None after the last record read); `Scan.damaged` sums them (at least one
+for a damaged tail). The mmap writer's NUL tail is not a record.
 
 numpy only (no pyarrow, no mining/): the capture side must stay importable on its own.
 """

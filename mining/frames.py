@@ -13,8 +13,9 @@ the file was chunked). Pointer columns come from the recorded
 `ptrs` or, with an allocation log, from `mining/allocs.py` (`Offline`: "fill" when the capture did
 not classify, "check" counts disagreements otherwise). Compact launches arrive already expanded
 (`functions.expand`), with their parameters' (off, size) as `lay`. Missing keys take the defaults below (ints 0 or -1, strings "", dims [1, 1, 1]).
-Not checked: the values themselves (hex strings are decoded as found; a non-hex character reads
-as nibble 0).
+Checked before use (`valid_rows`, called by the JSON reader on every parsed chunk): every field the
+frames are built from lies in its documented range (docs/dump-format.md "Reading damaged dumps").
+Not checked: hex strings' characters (decoded as found; a non-hex character reads as nibble 0).
 """
 
 from __future__ import annotations

@@ -18,13 +18,19 @@ pointer columns from allocs.jsonl). A folder holding both launch files is read f
 launches.jsonl (e.g. after `python -m capture.binfmt` rewrote the binary file). Damaged records
 are skipped with one warning. The cache is keyed on launches.bin as on launches.jsonl.
 
-Damage is tolerated, not hidden: a truncated last line or unparsable lines are dropped and each
-drop is reported in `Dump.warnings`; missing cubins are flagged per module. NUL bytes (the mmap
-writer's preallocated tail, or a record in flight when the process died) follow the reader rule of
-docs/dump-format.md "Writers" (`mining/jsonl.py`). What is refused
-(`DumpError`, a ValueError): no launch file, an empty launch file, a meta.json whose
-format_version or top-level keys this reader does not know.
-Not checked: that `seq` is gap-free or that records are in time order (analyses sort by seq).
+Damage is tolerated, not hidden (docs/dump-format.md "Reading damaged dumps"): every reader checks
+each field against its documented range before use, resynchronises after damage (per line in the
+JSON files, at the next valid header whose seq continues the sequence in launches.bin), and reports
+per file what it skipped (`Dump.damage`, mining/damage.py: records read and skipped, the byte
+ranges and why); each drop is also a line in `Dump.warnings`, and a file that lost most of its
+records says so. Missing cubins are flagged per module. NUL bytes (the mmap writer's preallocated
+tail, or a record in flight when the process died) follow the reader rule of "Writers". A
+meta.json that is not a JSON object, or has a key of the wrong type, is damage: reported and read
+around. What is refused (`DumpError`, a ValueError, one sentence): no launch file, a launch file
+with no readable record, a meta.json whose format_version or top-level keys this reader does not
+know (another format, not damage).
+Not checked: that records are in time order (analyses sort by seq); a seq repeated across two
+parse chunks of launches.jsonl.
 
 Allocation log (`allocs.jsonl`, MINE_CAPTURE_ALLOC_LOG=1; `mining/allocs.py`): read into
 `Dump.allocs`. When the launches carry no `ptrs` (meta.json `options.classify` is 0), the params
