@@ -83,6 +83,7 @@ class Gpu:
         self.modules: dict[str, object] = {}
         self.functions: dict[tuple[str, str], object] = {}
         self.allocs: list[int] = []
+        self.host_allocs: list[int] = []
         self._flush: int | None = None
         name = self._ok("cuDeviceGetName", cu.cuDeviceGetName(128, self.dev))
         self.name = name.split(b"\0")[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
@@ -112,10 +113,20 @@ class Gpu:
         self.allocs.append(p)
         return p
 
+    def alloc_host(self, n: int) -> int:
+        """Pinned host memory mapped into the device: its device address (the same as the host
+        one under unified addressing)."""
+        flags = self.cu.CU_MEMHOSTALLOC_DEVICEMAP | self.cu.CU_MEMHOSTALLOC_PORTABLE
+        h = int(self._ok("cuMemHostAlloc", self.cu.cuMemHostAlloc(max(n, 1), flags)))
+        self.host_allocs.append(h)
+        return int(self._ok("cuMemHostGetDevicePointer", self.cu.cuMemHostGetDevicePointer(h, 0)))
+
     def free_all(self) -> None:
         for p in self.allocs:
             self.cu.cuMemFree(p)
-        self.allocs = []
+        for h in self.host_allocs:
+            self.cu.cuMemFreeHost(h)
+        self.allocs, self.host_allocs = [], []
         self._flush = None
 
     def fill(self, ptr: int, n: int, pattern: str, seed: int = 0) -> None:

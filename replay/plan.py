@@ -11,9 +11,11 @@ region, so their distances stay as captured (q, k and v views of one tensor rema
 region covers the allocation from its lowest used offset (rounded down to REGION_ALIGN, which
 keeps every pointer's alignment modulo that) to the allocation's end, or, for a large one (a KV
 pool is most of the GPU), `max_region` bytes past its highest used offset: a launch that reaches
-further faults, and the replay says which region was truncated. Words that point at host memory
-(cuBLASLt's alpha/beta, a host-pointer scalar) keep their value: the kernel never dereferences
-them. Tensor maps (TMA descriptors passed by value) are found as 64-byte-aligned 128-byte windows
+further faults, and the replay says which region was truncated. Words into pinned host memory that the
+allocation log records (`host_alloc` / `host_register` in allocs.jsonl: an engine's staging
+buffers, which its kernels read through the mapping) get a fresh *mapped* host region the same
+way. Other words that point at host memory (cuBLASLt's alpha/beta, a host-pointer scalar) keep
+their value: the kernel never dereferences them. Tensor maps (TMA descriptors passed by value) are found as 64-byte-aligned 128-byte windows
 of a parameter equal to an encode recorded in tensormaps.jsonl; the GPU side encodes them again
 with the same arguments onto the region holding their global address.
 Not handled: pointers the kernel loads from device memory (a pointer table in a buffer keeps the
@@ -49,6 +51,7 @@ class Region:
     start: int                 # offset in the allocation where the fresh copy begins
     length: int
     truncated: bool            # the fresh copy ends before the allocation did
+    host: bool = False         # pinned host memory mapped into the device (allocs.jsonl host_*)
 
 
 @dataclass
@@ -147,6 +150,60 @@ def read_tensormaps(folder: Path) -> list[dict]:
     return out
 
 
+def read_host_ranges(folder: Path) -> list[tuple[int, int, int, int]]:
+    """Pinned host allocations of the log as (base, size, first seq, end seq): live for launches
+    first <= seq < end (docs/dump-format.md, "Allocation log": events apply in (seq_before,
+    order) order; a free or unregister ends the range at its base)."""
+    src = folder / "allocs.jsonl"
+    if not src.is_file():
+        return []
+    ev = []
+    for line in src.read_text(errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(r, dict) or r.get("result") != 0 or not str(r.get("event", "")).startswith("host_"):
+            continue
+        try:
+            ev.append((int(r["seq_before"]), int(r.get("order", 0)), r["event"], int(r["base"], 16), r.get("size")))
+        except (KeyError, TypeError, ValueError):
+            continue
+    live: dict[int, tuple[int, int]] = {}
+    out = []
+    for seq, _, kind, base, size in sorted(ev):
+        if kind in ("host_alloc", "host_register") and isinstance(size, int) and size > 0:
+            if base in live:
+                out.append((base, live[base][0], live[base][1], seq))
+            live[base] = (size, seq)
+        elif kind in ("host_free", "host_unregister") and base in live:
+            size0, first = live.pop(base)
+            out.append((base, size0, first, seq))
+    out += [(b, s, f, 1 << 62) for b, (s, f) in live.items()]
+    return sorted(out)
+
+
+HOST_ID = 1 << 60              # region ids of host ranges (apart from device buffer ids)
+
+
+def _host_words(params: list[bytes], offsets: list[int], taken: set, ranges, seq: int):
+    """8-byte words of the parameters that point into a pinned host range live at `seq`, as
+    words-frame rows (i, at, buffer_id, alloc_base, alloc_size, ptr_off, value)."""
+    live = [(b, s) for b, s, first, end in ranges if first <= seq < end]
+    rows = []
+    for i, b in enumerate(params):
+        for at in range(0, len(b) - 7, 8):
+            if (i, at) in taken:
+                continue
+            v = struct.unpack_from("<Q", b, at)[0]
+            for base, size in live:
+                if base <= v < base + size:
+                    rows.append({"i": i, "at": at, "buffer_id": HOST_ID + base, "alloc_base": base,
+                                 "alloc_size": size, "ptr_off": v - base, "value": v})
+                    break
+    return pd.DataFrame(rows, columns=["i", "at", "buffer_id", "alloc_base", "alloc_size", "ptr_off", "value"])
+
+
 def _regions(words: pd.DataFrame, extra: list[tuple[int, int, int, int]], max_region: int
              ) -> tuple[list[Region], dict[int, int]]:
     """One region per allocation the launch points into: `words` rows (buffer_id, alloc_base,
@@ -161,14 +218,16 @@ def _regions(words: pd.DataFrame, extra: list[tuple[int, int, int, int]], max_re
         whole = size - start
         length = min(whole, max(offs) - start + max_region)
         index[bid] = len(regions)
-        regions.append(Region(bid, base, size, start, max(length, 1), length < whole))
+        regions.append(Region(bid, base, size, start, max(length, 1), length < whole, bid >= HOST_ID))
     return regions, index
 
 
 def plan_launch(dump, seq: int, max_region: int = MAX_REGION, attrs: dict | None = None,
-                tensormaps: list[dict] | None = None, max_total: int = MAX_TOTAL) -> LaunchPlan:
-    """The plan of launch `seq` of a loaded dump (`mining.load.load_dump`). `attrs` and
-    `tensormaps` (from `read_attrs` / `read_tensormaps`) can be passed when planning many."""
+                tensormaps: list[dict] | None = None, max_total: int = MAX_TOTAL,
+                host_ranges: list | None = None) -> LaunchPlan:
+    """The plan of launch `seq` of a loaded dump (`mining.load.load_dump`). `attrs`,
+    `tensormaps` and `host_ranges` (from `read_attrs` / `read_tensormaps` / `read_host_ranges`)
+    can be passed when planning many."""
     L = dump.launches
     hit = np.flatnonzero(L["seq"].to_numpy() == seq)
     if len(hit) == 0:
@@ -179,8 +238,9 @@ def plan_launch(dump, seq: int, max_region: int = MAX_REGION, attrs: dict | None
     cubin = folder / "cubins" / f"{sha}.cubin"
     missing = None
     if not cubin.is_file():
-        missing = (f"launch {seq} (`{r['symbol']}`) ran a module the dump holds by hash only "
-                   f"({sha[:16]}...; closed libraries are never copied): it cannot be replayed")
+        missing = (f"launch {seq} (`{r['symbol']}`) ran a module whose cubin the dump does not hold "
+                   f"({sha[:16]}...: closed libraries are kept by hash only, and a packed fixture may "
+                   "have dropped others): it cannot be replayed")
         cubin = None
     if str(r["layout"]) == "none":
         missing = missing or f"launch {seq} (`{r['symbol']}`) has no parameter layout: its bytes cannot be rebuilt"
@@ -205,6 +265,11 @@ def plan_launch(dump, seq: int, max_region: int = MAX_REGION, attrs: dict | None
     # a pointer word inside a tensor map is the map's own business (it is encoded again)
     inside = {(i, a) for i, at, _ in found for a in range(at, at + 128, 8)}
     ptr = ptr[[(int(i), int(a)) not in inside for i, a in zip(ptr["i"], ptr["at"])]]
+    ptr = ptr[["i", "at", "buffer_id", "alloc_base", "alloc_size", "ptr_off", "value"]]
+    host = _host_words(params, offsets, {(int(i), int(a)) for i, a in zip(ptr["i"], ptr["at"])} | inside,
+                       read_host_ranges(folder) if host_ranges is None else host_ranges, seq)
+    if len(host):
+        ptr = pd.concat([ptr.astype("int64"), host.astype("int64")], ignore_index=True)
     extra = []
     for _, _, t in found:
         tp = t.get("ptr")

@@ -21,7 +21,8 @@ import numpy as np
 
 from replay import flow as FL
 from replay.gpu import CudaError, Gpu
-from replay.plan import LaunchPlan, PlanError, plan_launch, read_attrs, read_tensormaps, rebased
+from replay.plan import (LaunchPlan, PlanError, plan_launch, read_attrs, read_host_ranges, read_tensormaps,
+                         rebased)
 
 FILL_TIMED = "tagged"
 # poisons tried in order until one shows a read: bounded first (every 4-byte lane below 2^16, so
@@ -70,7 +71,7 @@ class _Setup:
         self.spans = FL.spans(plan.words, self.lengths)
         self.tagged = FL.tagged(self.lengths, self.spans)
         self.zero = [np.zeros(n, np.uint8) for n in self.lengths]
-        self.bases = [gpu.alloc(r.length) for r in plan.regions]
+        self.bases = [gpu.alloc_host(r.length) if r.host else gpu.alloc(r.length) for r in plan.regions]
         maps = {}
         for k, t in enumerate(plan.tmaps):
             if t.region is not None:
@@ -107,7 +108,8 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
     earlier worker, which the fault ended); a new fault raises `Faulted`."""
     res = LaunchResult(plan.seq, plan.symbol, "ok",
                        regions=[{"buffer_id": r.buffer_id, "start": r.start, "length": r.length,
-                                 "alloc_size": r.alloc_size, "truncated": r.truncated} for r in plan.regions])
+                                 "alloc_size": r.alloc_size, "truncated": r.truncated, "host": r.host}
+                                for r in plan.regions])
     if plan.missing:
         res.status, res.message = "missing", plan.missing
         return res
@@ -179,7 +181,7 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
             raise Faulted(None, why) from None
         res.status, res.message = "error", str(exc)
     finally:
-        if gpu.allocs:
+        if gpu.allocs or gpu.host_allocs:
             gpu.free_all()
     return res
 
@@ -278,11 +280,13 @@ def replay_seqs(dump, seqs: list[int], reps: int = 20, judge_reads: bool = True,
     folder = dump.source.parent
     attrs = read_attrs(folder, set(seqs))
     tmaps = read_tensormaps(folder)
+    hosts = read_host_ranges(folder)
     results: dict[int, LaunchResult] = {}
     plans = []
     for seq in seqs:
         try:
-            plan = plan_launch(dump, seq, max_region or MAX_REGION, attrs.get(seq, {}), tmaps)
+            plan = plan_launch(dump, seq, max_region or MAX_REGION, attrs.get(seq, {}), tmaps,
+                               host_ranges=hosts)
         except PlanError as exc:
             results[seq] = LaunchResult(seq, "", "missing", str(exc))
             continue

@@ -101,7 +101,7 @@ def test_regions_of_a_real_vllm_launch(vllm):
 
 def test_closed_library_launch_says_why(vllm):
     plan = plan_launch(vllm, by_symbol(vllm, "nvjet"))
-    assert plan.missing and "by hash only" in plan.missing
+    assert plan.missing and "by hash only" in plan.missing and "cannot be replayed" in plan.missing
 
 
 def test_unknown_seq_is_one_sentence(vllm):
@@ -146,3 +146,32 @@ def test_written_and_read_from_snapshots():
     assert not FL.read_changed(one_after, poisoned, wrote, span)
     poisoned[0][10] = 9                      # an output the poison changed: read
     assert FL.read_changed(one_after, poisoned, wrote, span)
+
+
+def test_host_ranges_follow_the_log(tmp_path):
+    import json as _json
+
+    from replay.plan import read_host_ranges
+    ev = [{"seq_before": 3, "order": 0, "event": "host_alloc", "base": "0x7f0000000000", "size": 4096, "result": 0},
+          {"seq_before": 9, "order": 1, "event": "host_free", "base": "0x7f0000000000", "size": None, "result": 0},
+          {"seq_before": 9, "order": 2, "event": "host_alloc", "base": "0x7f0000000000", "size": 8192, "result": 0},
+          {"seq_before": 4, "order": 3, "event": "host_register", "base": "0x7f1000000000", "size": 64, "result": 1},
+          {"seq_before": 5, "order": 4, "event": "alloc", "base": "0x7e0000000000", "size": 64, "result": 0}]
+    (tmp_path / "allocs.jsonl").write_text("\n".join(_json.dumps(e) for e in ev) + "\nnot json\n")
+    got = read_host_ranges(tmp_path)
+    base = 0x7F0000000000
+    assert got == [(base, 4096, 3, 9), (base, 8192, 9, 1 << 62)]   # failed register, device alloc: not host
+
+
+def test_staging_kernel_gets_a_mapped_host_region():
+    """vLLM's model runner stages inputs in pinned host memory its Triton kernels read through
+    the mapping: on a capture with an allocation log, those words get host regions."""
+    from replay.plan import read_host_ranges
+    d = load_dump(FIX / "suite" / "q2e.tar.xz", cache=False)
+    hr = read_host_ranges(d.source.parent)
+    seq = by_symbol(d, "_gather_block_tables_kernel")
+    plan = plan_launch(d, seq, host_ranges=hr)
+    host = [r for r in plan.regions if r.host]
+    assert host
+    assert {w.region for w in plan.words} >= {plan.regions.index(r) for r in host}
+    assert not plan.unmapped
