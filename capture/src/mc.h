@@ -33,7 +33,8 @@
 #define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
   X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)    \
   X(malloc) X(pthread_create) X(pthread_attr) X(pthread_sigmask) X(pthread_mutex_lock)         \
-  X(pthread_mutex_unlock) X(pthread_once) X(pthread_atfork) X(atexit) X(clock_gettime)
+  X(pthread_mutex_unlock) X(pthread_once) X(pthread_atfork) X(atexit) X(clock_gettime)       \
+  X(close) X(munmap) X(rename)
 
 typedef struct {
 #define MC_DECL(fn) __typeof__(&fn) fn;

@@ -386,10 +386,10 @@ void mc_files_reset_after_fork(void) {
     wfile_t *F = &files[f];
     for (int k = 0; k < MAX_WIN; k++) {
       char *w = atomic_load(&F->win[k]);
-      if (w) munmap(w, WIN_SIZE);
+      if (w && munmap(w, WIN_SIZE) != 0) mc_note_error(MC_FN_munmap, errno, 0);
       atomic_store(&F->win[k], NULL);
     }
-    if (F->fd >= 0) close(F->fd);
+    if (F->fd >= 0 && close(F->fd) != 0) mc_note_error(MC_FN_close, errno, 0);
     wfile_init(F);
     F->final = 1; /* nothing to seal until the child opens its own */
   }
@@ -737,11 +737,12 @@ int mc_write_file_once(const char *rel, const void *p, size_t n) {
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) { mc_note_error(MC_FN_open, errno, 0); mc_disable("cannot open %s (%s)", tmp, strerror(errno)); return -1; }
   int rc = write_all(fd, p, n);
-  int e = errno;
-  close(fd);
-  if (rc != 0 || rename(tmp, path) != 0) {
+  int e = errno, fn = MC_FN_write;
+  if (close(fd) != 0 && rc == 0) { rc = -1; e = errno; fn = MC_FN_close; }  /* a late write error */
+  if (rc == 0 && rename(tmp, path) != 0) { rc = -1; e = errno; fn = MC_FN_rename; }
+  if (rc != 0) {
     unlink(tmp);
-    mc_note_error(MC_FN_write, e, 0);
+    mc_note_error(fn, e, 0);
     mc_disable("cannot write %s (%s)", path, strerror(e));
     return -1;
   }
