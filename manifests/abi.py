@@ -38,30 +38,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from manifests.diagnostics import Diagnostic
 from manifests.nvinfo import Cubin, CubinError, read_cubin
+from vocab.expr import evaluate, from_wire
+from vocab.wire import param_bytes, param_type
 
-_POINTER = re.compile(r"^(in|out|inout) (state|buffer<[a-z0-9]+>)$")
-_BYTES = re.compile(r"^bytes<([1-9][0-9]*)>$")
-_SCALAR_SIZE = {"i32": 4, "f32": 4, "i64": 8, "u8": 1}
 # Shared memory a block may hold, static + dynamic, per SM major version (bytes).
 _SHARED_LIMIT = {8: 167936, 9: 233472, 10: 233472, 12: 101376}
 TENSORMAP_ALIGN = 64
 
 
 def param_size(ptype: str) -> int | None:
-    """ABI slot size of a kern ParamType string, None when it is not one."""
-    t = ptype.strip()
-    if t in _SCALAR_SIZE:
-        return _SCALAR_SIZE[t]
-    if _POINTER.match(t):
-        return 8
-    m = _BYTES.match(t)
-    return int(m.group(1)) if m else None
+    """ABI slot size of a kern ParamType string, None when it is not one (`vocab.wire`)."""
+    return param_bytes(ptype)
 
 
 def _align_up(x: int, a: int) -> int:
@@ -78,19 +70,9 @@ def _as_dict(manifest: Any) -> Mapping[str, Any]:
 
 
 def eval_expr(expr: Any, vars_max: Mapping[str, int]) -> int:
-    """Value of a kern expression with every var at its max (the upper corner)."""
-    if isinstance(expr, int):
-        return expr
-    if isinstance(expr, str):
-        return vars_max[expr]
-    (op, (a, b)), = expr.items()
-    if op == "ceil_div":
-        return -(-eval_expr(a, vars_max) // eval_expr(b, vars_max))
-    if op == "mul":
-        return eval_expr(a, vars_max) * eval_expr(b, vars_max)
-    if op == "add":
-        return eval_expr(a, vars_max) + eval_expr(b, vars_max)
-    raise ValueError(f"unknown expression {expr!r}")
+    """Value of a kern expression (JSON form) with every var at its max (the upper corner),
+    by the shared evaluator without its u64 checks: the verifier has bounded it already."""
+    return evaluate(from_wire(expr), vars_max, checked=False)
 
 
 class _Modules:
@@ -142,7 +124,7 @@ def check_layout(path: str, entry: str, declared: list[str], kernel, out: list[D
         if size != kp.size:
             out.append(Diagnostic("abi.param-size", f"{path}.params[{i}]",
                                   f"param #{i} `{ptype}` is {size} bytes but `{entry}` takes {kp.size} there"))
-        if _BYTES.match(ptype.strip()):
+        if param_type(ptype)[0] == "bytes":
             fits = any(_align_up(base + end, 1 << k) - base == kp.offset for k in range(9))
             want = f"the first aligned address at or after {end}"
         else:

@@ -32,6 +32,9 @@ import json
 import struct
 from typing import Any, Callable, Iterable
 
+from vocab.dumps import pretty
+from vocab.wire import param_direction
+
 FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
 
@@ -45,16 +48,11 @@ class CutRefused(ValueError):
 
 def cut_id(manifest: dict, at: Iterable[int]) -> str:
     h = FNV_OFFSET
-    data = json.dumps(manifest, indent=2, ensure_ascii=False).encode() + b"".join(
+    data = pretty(manifest).encode() + b"".join(
         struct.pack("<Q", a) for a in at)
     for byte in data:
         h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"
-
-
-def _direction(ptype: str) -> str | None:
-    head = ptype.strip().split(" ", 1)[0]
-    return head if head in ("in", "out", "inout") else None
 
 
 def accesses(manifest: dict, call: dict) -> list[tuple[str, str, str, int]]:
@@ -62,7 +60,7 @@ def accesses(manifest: dict, call: dict) -> list[tuple[str, str, str, int]]:
     params = manifest["ops"][call["op"]]["params"]
     out = []
     for arg, ptype in zip(call.get("args", []), params):
-        d = _direction(ptype)
+        d = param_direction(ptype)
         for kind in ("buf", "state"):
             if d and kind in arg:
                 out.append((kind, arg[kind], d, int(arg.get("offset", 0))))

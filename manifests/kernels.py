@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocab.expr import ExprError, constants_positive, from_wire
+from vocab.wire import is_canonical_param_type
+
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 ARCH = re.compile(r"^sm_[0-9]{2,3}[af]?$")
-PARAM_TYPE = re.compile(
-    r"^(i32|i64|f32|u8|bytes<[1-9][0-9]*>|(in|out|inout) "
-    r"(state|buffer<(bf16|f16|f32|fp8e4m3|fp8e8m0|i8|i32|u32|i64|u64|u8)>))$"
-)
 DEFINE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODULE_KEYS = {"sha256", "arch", "source", "defines", "prebuilt", "upstream", "entries"}
 UPSTREAM_KEYS = {"project", "version", "where", "note"}
@@ -96,21 +95,12 @@ def parse_variant(name: str) -> tuple[str, dict[str, str]]:
 
 
 def _expr_ok(e: Any) -> bool:
-    if isinstance(e, bool):
+    """A kern expression in the shared JSON form (`vocab.expr.from_wire`) whose `ceil_div` and
+    `mul` constants are positive: a zero there is a verifier error in every manifest it reaches."""
+    try:
+        return constants_positive(from_wire(e))
+    except ExprError:
         return False
-    if isinstance(e, int):
-        return e >= 0
-    if isinstance(e, str):
-        return bool(e)
-    if isinstance(e, dict) and len(e) == 1:
-        (op, args), = e.items()
-        if not (isinstance(args, list) and len(args) == 2):
-            return False
-        if op in ("ceil_div", "mul"):
-            return _expr_ok(args[0]) and isinstance(args[1], int) and not isinstance(args[1], bool) and args[1] > 0
-        if op == "add":
-            return _expr_ok(args[0]) and _expr_ok(args[1])
-    return False
 
 
 def _entry(where: str, raw: Any, bad: list[str]) -> Entry | None:
@@ -120,7 +110,7 @@ def _entry(where: str, raw: Any, bad: list[str]) -> Entry | None:
     for key in sorted(set(raw) - ENTRY_KEYS):
         bad.append(f"{where}: unknown key `{key}`")
     params, block, grid = raw.get("params"), raw.get("block"), raw.get("grid")
-    if not isinstance(params, list) or not all(isinstance(p, str) and PARAM_TYPE.match(p.strip()) for p in params):
+    if not isinstance(params, list) or not all(isinstance(p, str) and is_canonical_param_type(p.strip()) for p in params):
         bad.append(f"{where}.params: must be a list of kern param types, got {params!r}")
     if not (isinstance(block, list) and len(block) == 3 and all(type(b) is int and b > 0 for b in block)
             and block[0] * block[1] * block[2] <= 1024):

@@ -5,14 +5,14 @@ object form and nothing else: unknown keys, missing required keys, misspelled en
 out-of-range integers, floats or booleans in integer positions are `ModelError`s naming the JSON
 path. `constants` are substituted during parsing (wire-only sugar, never written back). `to_json`
 writes the same JSON it read (absent optional fields stay absent), with keys in kern's field
-order and name-keyed maps sorted, so `dumps` gives identical bytes for identical input.
+order and name-keyed maps sorted; `dumps` writes it in the one canonical form (`vocab.dumps`:
+keys sorted, compact), so identical input gives identical bytes.
 Deliberately not here: any cross-reference or limit check (that is `verify`), and serde's
 struct-from-array quirk (an array where an object belongs is rejected here, kern may accept it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -48,23 +48,16 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     U32,
     U64,
     U8,
+    U64_MAX,
     W,
     _obj,
     check_junk,
 )
+from vocab.dumps import dumps as _canonical
+from vocab.expr import OPS as EXPR_OPS, Expr, to_wire
 
 
 # ---- expressions, dims, bounds -----------------------------------------------------------
-@dataclass(frozen=True)
-class Expr:
-    """A compound expression `{op: [a, b]}`; leaves are ints (constants) and strs (vars)."""
-    op: str
-    a: Any
-    b: Any
-
-
-EXPR_OPS = ("ceil_div", "mul", "add")
-U64_MAX = 2**64 - 1
 
 
 def _fatal_depth(depth: int) -> None:
@@ -147,9 +140,7 @@ class ExprT:
                          "ceil_div/mul/add over two operands)")
 
     def dump(self, v):
-        if isinstance(v, Expr):
-            return {v.op: [self.dump(v.a), self.dump(v.b)]}
-        return v
+        return to_wire(v)
 
 
 # The sites of expressions, by the nesting level of the value there:
@@ -625,8 +616,9 @@ def _check_constants(consts: Any, vars_: Any) -> dict:
 
 
 def dumps(manifest: Manifest) -> str:
-    """Deterministic bytes: kern's field order, sorted maps, two-space indent, final newline."""
-    return json.dumps(manifest.to_json(), indent=2, ensure_ascii=False) + "\n"
+    """The canonical bytes (`vocab.dumps`) of the manifest's JSON: the same bytes the
+    generators commit, so a parsed-and-dumped committed manifest reads back unchanged."""
+    return _canonical(manifest.to_json())
 
 
 def load(path: str | os.PathLike) -> Manifest:

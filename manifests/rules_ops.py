@@ -12,22 +12,15 @@ from manifests import expr as ex
 from manifests.diagnostics import key_path
 from manifests.model import KernelLaunch, param_type
 from manifests.verify import Scope, shape_bytes
+from vocab.wire import DTYPE_BYTES, POINTER_BYTES, SCALARS, TMA_DTYPE_BITS, param_type_bytes
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 SHARED_MEM_LIMIT = 232448
-TMA_BITS = {"u8": 8, "u16": 16, "u32": 32, "i32": 32, "u64": 64, "i64": 64, "f16": 16,
-            "bf16": 16, "f32": 32, "tf32": 32, "u4": 4, "u4packed": 4}
-NATURAL_WIDTH = {"scratch": 8, "i64": 8, "i32": 4, "f32": 4, "var": 4, "expr": 4, "rank": 4,
-                 "u8": 1, "tensormap": 128}
+# A pack field's width by its source form: scalars at their dtype's size, a scratch pointer at a
+# pointer's, var/expr/rank values as i32, a tensormap as the 128-byte CUtensorMap.
+NATURAL_WIDTH = {**{t: DTYPE_BYTES[t] for t in SCALARS}, "scratch": POINTER_BYTES, "var": 4,
+                 "expr": 4, "rank": 4, "tensormap": 128}
 GEMMS_WITH_ALGO = ("extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_acc")
-
-
-def abi_size(pt: tuple) -> int:
-    if pt[0] in ("buffer", "state"):
-        return 8
-    if pt[0] == "bytes":
-        return pt[1]
-    return {"i32": 4, "f32": 4, "i64": 8, "u8": 1}[pt[1]]
 
 
 def check(s: Scope) -> None:
@@ -256,7 +249,7 @@ def _pack(s: Scope, st: _OpState, pack, pt: tuple, path: str) -> None:
         width = f.width
         if width is None:
             if f.form == "param":
-                width = abi_size(st.iface[f.value]) if f.value < len(st.iface) else None
+                width = param_type_bytes(st.iface[f.value]) if f.value < len(st.iface) else None
             else:
                 width = NATURAL_WIDTH[f.form]
         if width is not None:
@@ -336,7 +329,7 @@ def _tensormap(s: Scope, st: _OpState, tm, path: str) -> None:
             bad.append("box entries 1..=256")
         if any(x == 0 or x % 16 for x in strides):
             bad.append("strides positive multiples of 16")
-        bits = TMA_BITS[tm.dtype]
+        bits = TMA_DTYPE_BITS[tm.dtype]
         if (tm.dims[0] * bits) % 128:
             bad.append("dims[0] a multiple of 16 bytes")
         if tm.box and (tm.box[0] * bits) % 128:
@@ -352,10 +345,10 @@ def _tensormap(s: Scope, st: _OpState, tm, path: str) -> None:
         s.add("tensormap.malformed", path, "malformed tensormap: needs " + ", ".join(bad))
         return
     dims = tm.dims if tm.dims[-1] else tm.dims[:-1]
-    bits = dims[0] * TMA_BITS[tm.dtype] if dims else 0
+    bits = dims[0] * TMA_DTYPE_BITS[tm.dtype] if dims else 0
     foot = (bits + 7) // 8 + sum((d - 1) * x for d, x in zip(dims[1:], tm.strides or []))
     # kern counts the innermost extent in bits first (probed: 2^61 u8 elements overflow)
-    overflow = bits > 2**64 - 1 or foot > 2**64 - 1
+    overflow = bits > ex.U64_MAX or foot > ex.U64_MAX
     if tm.wrap and not overflow:
         s.add("tensormap.needless_wrap", path, "`wrap` on a tensormap whose strides do not "
               "overflow")

@@ -1,4 +1,4 @@
-"""The manifest's vocabulary and the machinery that reads wire JSON into typed values.
+"""The machinery that reads wire JSON into typed values (the names themselves: `vocab.wire`).
 
 Contract: every scalar position of the format (integers range-checked by their wire type, floats,
 strings, enumerations, param-type strings) and the generic containers (`ListOf`, `MapOf`,
@@ -14,28 +14,26 @@ out, so reading an accepted manifest never formats a path (that was most of the 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import field
 from typing import Any
 
-SCHEMA_VERSION = 7
-DTYPES = ("bf16", "f16", "f32", "fp8e4m3", "fp8e8m0", "i8", "i32", "u32", "i64", "u64", "u8")
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8e4m3": 1, "fp8e8m0": 1, "i8": 1,
-               "i32": 4, "u32": 4, "i64": 8, "u64": 8, "u8": 1}
-KINDS = ("input", "output", "inout", "weight", "source", "workspace", "carry", "peer")
-FILLS = ("token", "position", "valid", "slot", "seq_len", "cu_seqlens", "blocks",
-         "tokens", "count", "error")
-AXES = ("rows", "groups", "ranks")
-PLACEMENTS = ("device", "host")
-TMA_DTYPES = ("u8", "u16", "u32", "i32", "u64", "i64", "f16", "bf16", "f32", "tf32", "u4",
-              "u4packed")
+from vocab.wire import (  # noqa: F401  (re-exported: the reader's vocabulary)
+    AXES,
+    DTYPE_BYTES,
+    DTYPES,
+    FILLS,
+    KINDS,
+    PLACEMENTS,
+    RUST_WHITESPACE,
+    SCHEMA_VERSION,
+    TMA_DTYPES,
+    U64_MAX,
+    param_type,
+)
+
 # kern's JSON reader (serde_json) refuses a document nested deeper than this many arrays/objects.
 MAX_DEPTH = 127
 F64_MAX = 1.7976931348623157e308
-# Rust's `char::is_whitespace` (Unicode White_Space): what kern trims off a param type. Python's
-# own `str.strip()` would also drop U+001C..U+001F, which kern keeps (and then rejects).
-RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-                   "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 
 
 class ModelError(ValueError):
@@ -120,7 +118,7 @@ class Int:
         return v
 
 
-U64 = Int("u64", 0, 2**64 - 1)
+U64 = Int("u64", 0, U64_MAX)
 U32 = Int("u32", 0, 2**32 - 1)
 U16 = Int("u16", 0, 2**16 - 1)
 I32 = Int("i32", -2**31, 2**31 - 1)
@@ -181,36 +179,6 @@ class ParamTypeT(Plain):
         if param_type(v) is None:
             raise ModelError("$", f"invalid param type `{v}`")
         return v
-
-
-@functools.lru_cache(maxsize=4096)  # a manifest repeats a handful of type strings many times
-def param_type(text: str) -> tuple | None:
-    """`"in buffer<bf16>"` -> ("buffer", "in", "bf16"); scalars ("scalar", t); None if invalid.
-
-    Other forms: ("state", dir), ("bytes", n). kern's grammar, probed: the whole string is
-    trimmed of Unicode whitespace, the direction ends at the first plain space (a tab there is
-    part of the direction, so `in\\tbuffer<f32>` is invalid), and the rest is trimmed again.
-    """
-    text = text.strip(RUST_WHITESPACE)
-    direction, space, rest = text.partition(" ")
-    if not space:
-        if text in ("i32", "i64", "f32", "u8"):
-            return ("scalar", text)
-        if text.startswith("bytes<") and text.endswith(">"):
-            n = text[6:-1]
-            # Rust's u64 parser: ASCII digits with an optional leading `+`
-            digits = n[1:] if n.startswith("+") else n
-            if digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 2**64 - 1:
-                return ("bytes", int(digits))
-        return None
-    if direction not in ("in", "out", "inout"):
-        return None
-    rest = rest.strip(RUST_WHITESPACE)
-    if rest == "state":
-        return ("state", direction)
-    if rest.startswith("buffer<") and rest.endswith(">") and rest[7:-1] in DTYPES:
-        return ("buffer", direction, rest[7:-1])
-    return None
 
 
 class ListOf:

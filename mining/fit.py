@@ -6,7 +6,7 @@ not the sampled values. The closed set is
 
     const c | var | mul(e, c) | ceil_div(e, c) | add(e, e)
 
-and this module searches the shapes a kernel launcher actually produces: c, x, x*c, ceil(x/c),
+(the manifest's own, `vocab.expr`: its text form, its evaluator; fits are tuples over it) and this module searches the shapes a kernel launcher actually produces: c, x, x*c, ceil(x/c),
 ceil(x/c)*m, ceil(x*m/c), x + c, x*a + b, and x1 + x2 for two variables.
 
 Verdicts (`Fit.status`):
@@ -28,91 +28,55 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vocab import expr as V
+
 Expr = tuple  # ("const", c) | ("var", name) | ("mul", e, c) | ("ceil_div", e, c) | ("add", e, e)
 POW2 = [1 << k for k in range(1, 17)]
 
 
-def render(e: Expr) -> str:
+def _tree(e: Expr):
+    """The shared expression tree (`vocab.expr`) of a fit tuple; piecewise has none."""
     kind = e[0]
-    if kind == "const":
-        return str(e[1])
-    if kind == "var":
+    if kind in ("const", "var"):
         return e[1]
     if kind in ("mul", "ceil_div"):
-        return f"{kind}({render(e[1])}, {e[2]})"
+        return V.Expr(kind, _tree(e[1]), e[2])
     if kind == "add":
-        return f"add({render(e[1])}, {render(e[2])})"
-    if kind == "piecewise":
-        return f"piecewise({e[1]}==1: {render(e[2])}; {e[1]}>1: {render(e[3])})"
+        return V.Expr(kind, _tree(e[1]), _tree(e[2]))
     raise ValueError(f"unknown expression kind {kind!r}")
+
+
+def _tuple(t) -> Expr:
+    """The fit tuple of a shared expression tree (the inverse of `_tree`)."""
+    if isinstance(t, V.Expr):
+        return (t.op, _tuple(t.a), t.b if t.op != "add" else _tuple(t.b))
+    return ("var", t) if isinstance(t, str) else ("const", t)
+
+
+def render(e: Expr) -> str:
+    """The text form `ceil_div(tokens, 16)` (`vocab.expr.render`); piecewise is a fit verdict,
+    not an expression, and is written here."""
+    if e[0] == "piecewise":
+        return f"piecewise({e[1]}==1: {render(e[2])}; {e[1]}>1: {render(e[3])})"
+    return V.render(_tree(e))
 
 
 def parse(text: str) -> Expr:
     """The expression `render` wrote (the closed set; piecewise is not read back): a reader of
     the analysis contract evaluates fitted expressions with `evaluate(parse(expr), env)`."""
-    pos = 0
-    s = text.replace(" ", "")
-
-    def term() -> Expr:
-        nonlocal pos
-        for kind in ("ceil_div", "mul", "add"):
-            if s.startswith(kind + "(", pos):
-                pos += len(kind) + 1
-                a = term()
-                expect(",")
-                b = term() if kind == "add" else ("const", number())
-                expect(")")
-                return (kind, a, b if kind == "add" else b[1])
-        if pos < len(s) and (s[pos].isdigit() or s[pos] == "-"):
-            return ("const", number())
-        start = pos
-        while pos < len(s) and (s[pos].isalnum() or s[pos] == "_"):
-            pos += 1
-        if start == pos:
-            raise ValueError(f"{text!r}: expected an expression at offset {start}")
-        return ("var", s[start:pos])
-
-    def number() -> int:
-        nonlocal pos
-        start = pos
-        if pos < len(s) and s[pos] == "-":
-            pos += 1
-        while pos < len(s) and s[pos].isdigit():
-            pos += 1
-        if start == pos or s[start:pos] == "-":
-            raise ValueError(f"{text!r}: expected a number at offset {start}")
-        return int(s[start:pos])
-
-    def expect(ch: str) -> None:
-        nonlocal pos
-        if not s.startswith(ch, pos):
-            raise ValueError(f"{text!r}: expected {ch!r} at offset {pos}")
-        pos += 1
-
-    e = term()
-    if pos != len(s):
-        raise ValueError(f"{text!r}: unexpected text at offset {pos}")
-    return e
+    return _tuple(V.parse(text))  # a malformed text raises vocab's ExprError, a ValueError
 
 
 def evaluate(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
-    """Value of `e` for every row of `env` (int64 arrays of equal length)."""
-    kind = e[0]
+    """Value of `e` for every row of `env` (int64 arrays of equal length): the shared evaluator
+    without its u64 checks, over arrays; a piecewise verdict picks its branch per row."""
     n = len(next(iter(env.values())))
-    if kind == "const":
-        return np.full(n, e[1], np.int64)
-    if kind == "var":
-        return np.asarray(env[e[1]], np.int64)
-    if kind == "mul":
-        return evaluate(e[1], env) * e[2]
-    if kind == "ceil_div":
-        return -(-evaluate(e[1], env) // e[2])
-    if kind == "add":
-        return evaluate(e[1], env) + evaluate(e[2], env)
-    if kind == "piecewise":
+    if e[0] == "piecewise":
         x = np.asarray(env[e[1]])
         return np.where(x == 1, evaluate(e[2], env), evaluate(e[3], env))
-    raise ValueError(f"unknown expression kind {kind!r}")
+    arrays = {k: np.asarray(a, np.int64) for k, a in env.items()}
+    v = V.evaluate(_tree(e), arrays, checked=False)
+    return np.asarray(v, np.int64) if np.ndim(v) else np.full(n, v, np.int64)
 
 
 @dataclass

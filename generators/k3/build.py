@@ -3,7 +3,8 @@
 `Builder` collects vars, states, buffers, ops and programs; ops are made from kernels.toml entries
 (the kernel table passed in, anything with `op_launch(module, entry)` and `module_ref(module)`), so
 no param list or grid is spelled here. Per-layer call lists come from Jinja templates that render to
-JSON. Output is canonical: keys sorted at dump time, so the same inputs give the same bytes.
+JSON. Output is canonical (`vocab.dumps`): keys sorted at dump time, so the same inputs give the
+same bytes.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from importlib import resources
 
 import jinja2
 
+from vocab.dumps import dumps  # noqa: F401  (re-exported: the commands write with it)
+from vocab.wire import SCHEMA_VERSION
+
 from . import GENERATOR, VERSION
 
-SCHEMA_VERSION = 7
 CLUSTERED = ("bmm_",)  # families launched as 2x1x1 clusters (kernels.toml has no cluster key)
 EXTERNS = {
     "gemm": ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"]),
@@ -134,11 +137,6 @@ class Builder:
             if not self.m[key]:
                 del self.m[key]
         return self.m
-
-
-def dumps(manifest: dict) -> str:
-    """Canonical bytes: sorted keys, compact separators, one trailing newline."""
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def stamp(model: str) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from math import prod
 
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8e4m3": 1, "fp8e8m0": 1, "i8": 1, "i32": 4, "u32": 4,
-               "i64": 8, "u64": 8, "u8": 1}
+from vocab.wire import DTYPE_BYTES
+
 GIB = 1 << 30
 
 

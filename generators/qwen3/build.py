@@ -4,7 +4,7 @@ Each (phase, role) instance becomes one op (`p.<role>` for prefill, `d.<role>` f
 interface is the role's pointers (first appearance order) then the scalars that follow the token
 count; scalars constant in the capture are folded into the launch as literals of their mined
 value. Grids are written from vLLM's launch rules and checked against every mined launch.
-Output is canonical (sorted keys), so the same inputs give the same bytes.
+Output is canonical (`vocab.dumps`: sorted keys), so the same inputs give the same bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from importlib import resources
 
 import jinja2
 
+from vocab.dumps import dumps  # noqa: F401  (re-exported: the command writes with it)
+from vocab.expr import evaluate, from_wire, var_names
+from vocab.wire import SCHEMA_VERSION
+
 from generators.qwen3 import GENERATOR, VERSION
 from generators.qwen3.kernels import ptype
 from generators.qwen3.mined import Mined, WiringMismatch
 
-SCHEMA_VERSION = 7
 GEMM = ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"])
 
 
@@ -42,16 +45,10 @@ def _grid(role: str, cfg, mined: Mined, T):
 
 
 def _eval(e, t: int) -> int:
-    if isinstance(e, int):
-        return e
-    if isinstance(e, str):
-        return t
-    (k, (a, b)), = e.items()
-    if k == "mul":
-        return _eval(a, t) * b
-    if k == "add":
-        return _eval(a, t) + _eval(b, t)
-    return -(-_eval(a, t) // b)
+    """A grid expression's value with its row var at `t`, by the shared evaluator (unchecked:
+    the comparison with the mined grid is the check)."""
+    tree = from_wire(e)
+    return evaluate(tree, dict.fromkeys(var_names(tree), t), checked=False)
 
 
 class Op:
@@ -279,8 +276,3 @@ def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -
     launched = {ln["module"] for op in m["ops"].values() for ln in op["impl"]["launches"] if "module" in ln}
     m["modules"] = {k: v for k, v in m["modules"].items() if k in launched}
     return m
-
-
-def dumps(manifest: dict) -> str:
-    """Canonical bytes: sorted keys, compact separators, one trailing newline."""
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vocab.wire import pointer_type
+
 BF16, F32, I32, I64 = "bf16", "f32", "i32", "i64"
 
 
@@ -78,4 +80,5 @@ def tag(symbol: str) -> str | None:
 
 
 def ptype(direction: str, dtype: str) -> str:
-    return f"{direction} state" if dtype == "state" else f"{direction} buffer<{dtype}>"
+    """The param type of a pointer parameter (a FAMILIES entry's direction and dtype)."""
+    return pointer_type(direction, dtype)

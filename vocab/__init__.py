@@ -1,0 +1,12 @@
+"""The manifest vocabulary every stage shares: wire names and sizes, expressions, serialisation.
+
+Why a package of its own: the schema version, the dtype table, the parameter-type grammar, the
+expression evaluator and the manifest's byte form were each written down in several stages
+(the verifier, both generators, the kernel table, the mining fits) and could drift apart. Here
+each is stated once. This package imports only the standard library and no stage of the
+project, so capture, mining, generators and manifests may all import it.
+
+Modules: `wire` (schema version, dtypes and their sizes, enumerations, the param-type grammar),
+`expr` (the closed expression set: its tree, JSON and text forms, and the one evaluator),
+`dumps` (the one canonical manifest serialisation).
+"""
