@@ -28,6 +28,7 @@ from manifests.wire import (  # noqa: F401  (re-exported: the model's vocabulary
     F64_MAX,
     FILLS,
     Float,
+    INT_RANGES,
     I32,
     I64,
     Int,
@@ -567,7 +568,7 @@ class Cut:
 
 @dataclass
 class Manifest:
-    schema_version: int = W(Int("u32", 0, 2**32 - 1, consts=False), required=True)
+    schema_version: int = W(Int("u32", *INT_RANGES["u32"], consts=False), required=True)
     model: str = W(STR, required=True)
     topology: Topology = W(Struct(Topology), nullable=True)
     cut: Cut = W(Struct(Cut), nullable=True)

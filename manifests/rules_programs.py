@@ -12,11 +12,12 @@ from __future__ import annotations
 from manifests import expr as ex
 from manifests.diagnostics import key_path
 from manifests.model import DTYPE_BYTES
-from manifests.verify import I32_MAX, I64_MAX, Scope
+from manifests.verify import Scope
+from vocab.wire import INT_RANGES
 
 PRE_WRITTEN = {"input", "inout", "weight", "source", "carry", "peer"}
 READ_ONLY = {"input", "weight", "source", "peer"}
-SCALAR_MAX = {"i32": I32_MAX, "i64": I64_MAX, "u8": 255}
+SCALAR_MAX = {t: INT_RANGES[t][1] for t in ("i32", "i64", "u8")}  # the integer scalars
 
 
 def check(s: Scope) -> None:

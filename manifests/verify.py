@@ -17,9 +17,9 @@ from typing import Any
 from manifests import jsonload
 from manifests.diagnostics import Collector, Diagnostic
 from manifests.model import DTYPE_BYTES, Manifest, ModelError
-from vocab.wire import U64_MAX
+from vocab.wire import INT_RANGES, U64_MAX
 
-I32_MAX, I64_MAX = 2**31 - 1, 2**63 - 1
+I32_MAX, I64_MAX = INT_RANGES["i32"][1], INT_RANGES["i64"][1]
 
 
 class Scope:

@@ -22,6 +22,7 @@ from vocab.wire import (  # noqa: F401  (re-exported: the reader's vocabulary)
     DTYPE_BYTES,
     DTYPES,
     FILLS,
+    INT_RANGES,
     KINDS,
     PLACEMENTS,
     RUST_WHITESPACE,
@@ -118,12 +119,8 @@ class Int:
         return v
 
 
-U64 = Int("u64", 0, U64_MAX)
-U32 = Int("u32", 0, 2**32 - 1)
-U16 = Int("u16", 0, 2**16 - 1)
-I32 = Int("i32", -2**31, 2**31 - 1)
-I64 = Int("i64", -2**63, 2**63 - 1)
-U8 = Int("u8", 0, 255)
+U64, U32, U16, U8, I32, I64 = (Int(t, *INT_RANGES[t])
+                               for t in ("u64", "u32", "u16", "u8", "i32", "i64"))
 
 
 class Float:

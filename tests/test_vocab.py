@@ -75,6 +75,20 @@ def test_one_definition(what, pattern):
     assert _where(pattern) == [f"vocab/{'dumps' if 'serial' in what else 'wire'}.py"], what
 
 
+def test_extern_signatures_come_from_the_table():
+    """kern's built-ins are named with their param lists once (vocab.wire.EXTERN_PARAMS)."""
+    assert _where(r'"extern:\w+",\s*[\[(]') == []
+    from generators.k3.build import EXTERNS
+    from generators.qwen3.build import GEMM
+    assert all(tuple(params) == W.EXTERN_PARAMS[entry] for entry, params in [*EXTERNS.values(), GEMM])
+
+
+def test_integer_ranges_come_from_the_table():
+    """The integer wire types' bounds are vocab.wire.INT_RANGES; no stage spells them again."""
+    assert _where(r'Int\("[ui]\d+", -?\d|_MAX\s*=\s*\(?-?2\*\*|"u8": 255') == []
+    assert W.INT_RANGES["i32"] == (-2**31, 2**31 - 1) and W.U64_MAX == 2**64 - 1
+
+
 @pytest.mark.parametrize("rel, func", [("generators/qwen3/build.py", "_eval"),
                                        ("manifests/abi.py", "eval_expr"),
                                        ("mining/fit.py", "evaluate")])

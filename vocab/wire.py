@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 
 SCHEMA_VERSION = 7
-U64_MAX = 2**64 - 1
+# The integer wire types: every integer position of the format is one of these (lo, hi).
+INT_RANGES = {"u8": (0, 2**8 - 1), "u16": (0, 2**16 - 1), "u32": (0, 2**32 - 1),
+              "u64": (0, 2**64 - 1), "i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1)}
+U64_MAX = INT_RANGES["u64"][1]
 # Every buffer dtype kern knows, with its element size in bytes (the order is kern's listing).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8e4m3": 1, "fp8e8m0": 1, "i8": 1,
                "i32": 4, "u32": 4, "i64": 8, "u64": 8, "u8": 1}
@@ -29,6 +32,16 @@ PLACEMENTS = ("device", "host")
 TMA_DTYPE_BITS = {"u8": 8, "u16": 16, "u32": 32, "i32": 32, "u64": 64, "i64": 64, "f16": 16,
                   "bf16": 16, "f32": 32, "tf32": 32, "u4": 4, "u4packed": 4}
 TMA_DTYPES = tuple(TMA_DTYPE_BITS)
+# kern's runtime built-ins the project launches (`{"entry": "extern:..."}`), with the param
+# types each takes: a GEMM's A, B, C then M, N, K; a collective's buffer(s) then its counts.
+EXTERN_PARAMS = {
+    "extern:cublaslt_bf16_tn": ("in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"),
+    "extern:cublaslt_bf16_tn_acc": ("in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>", "i32", "i32",
+                                    "i32"),
+    "extern:cublas_bf16_tn_f32": ("in buffer<bf16>", "in buffer<bf16>", "out buffer<f32>", "i32", "i32", "i32"),
+    "extern:nccl_allreduce_bf16": ("inout buffer<bf16>", "i32", "i32"),
+    "extern:nccl_allgather_f32": ("in buffer<f32>", "out buffer<f32>", "i32", "i32"),
+}
 # Rust's `char::is_whitespace` (Unicode White_Space): what kern trims off a param type. Python's
 # own `str.strip()` would also drop U+001C..U+001F, which kern keeps (and then rejects).
 RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"

@@ -16,18 +16,15 @@ from importlib import resources
 import jinja2
 
 from vocab.dumps import dumps  # noqa: F401  (re-exported: the commands write with it)
-from vocab.wire import SCHEMA_VERSION
+from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION
 
 from . import GENERATOR, VERSION
 
 CLUSTERED = ("bmm_",)  # families launched as 2x1x1 clusters (kernels.toml has no cluster key)
-EXTERNS = {
-    "gemm": ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"]),
-    "gemm_acc": ("extern:cublaslt_bf16_tn_acc", ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>", "i32", "i32", "i32"]),
-    "gemm_f32": ("extern:cublas_bf16_tn_f32", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<f32>", "i32", "i32", "i32"]),
-    "allreduce": ("extern:nccl_allreduce_bf16", ["inout buffer<bf16>", "i32", "i32"]),
-    "allgather": ("extern:nccl_allgather_f32", ["in buffer<f32>", "out buffer<f32>", "i32", "i32"]),
-}
+EXTERNS = {op: (entry, list(EXTERN_PARAMS[entry])) for op, entry in (
+    ("gemm", "extern:cublaslt_bf16_tn"), ("gemm_acc", "extern:cublaslt_bf16_tn_acc"),
+    ("gemm_f32", "extern:cublas_bf16_tn_f32"), ("allreduce", "extern:nccl_allreduce_bf16"),
+    ("allgather", "extern:nccl_allgather_f32"))}
 
 
 class UnpinnedKernel(LookupError):

@@ -17,13 +17,13 @@ import jinja2
 
 from vocab.dumps import dumps  # noqa: F401  (re-exported: the command writes with it)
 from vocab.expr import evaluate, from_wire, var_names
-from vocab.wire import SCHEMA_VERSION
+from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION
 
 from generators.qwen3 import GENERATOR, VERSION
 from generators.qwen3.kernels import ptype
 from generators.qwen3.mined import Mined, WiringMismatch
 
-GEMM = ("extern:cublaslt_bf16_tn", ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"])
+GEMM = ("extern:cublaslt_bf16_tn", list(EXTERN_PARAMS["extern:cublaslt_bf16_tn"]))
 
 
 def _grid(role: str, cfg, mined: Mined, T):
