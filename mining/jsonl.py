@@ -26,6 +26,7 @@ Not checked: that `seq` is gap-free or that records are in time order (`load_dum
 from __future__ import annotations
 
 import io
+import json
 import lzma
 import os
 from pathlib import Path
@@ -253,10 +254,12 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
     fs, fe, rel = _spans(buf, base, info)
     if t is not None and len(fs) == t.num_rows:
         lines = np.arange(t.num_rows)
-    else:   # bisect down to the lines the reader refuses on their own
+    else:   # the lines that are JSON objects, read in runs; a run the reader refuses is bisected
         mv = memoryview(buf) if not isinstance(buf, memoryview) else buf
         ln = fe - fs   # bytes of each line with its newline
         obj = _object_lines(buf, rel)
+        for k in np.flatnonzero(obj).tolist():   # syntax first (json: ~20 us a line, the reader ~1 ms a call)
+            obj[k] = _is_object(bytes(mv[rel[k]:rel[k] + ln[k]]))
         parts, idx, bad = [], [], 0
 
         def take(lo: int, hi: int) -> None:
@@ -283,7 +286,11 @@ def _read_lines(data, warnings: list[str], rep: FileReport, opts=None, valid=_la
             parts.append(part)
             idx.append(np.arange(lo, hi))
 
-        take(0, len(rel))
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], obj.astype(np.int8), [0]])))
+        for lo in np.flatnonzero(~obj).tolist():   # each line that is no JSON object: one record
+            take(lo, lo + 1)
+        for lo, hi in zip(edges[0::2].tolist(), edges[1::2].tolist()):   # runs, in file order
+            take(lo, hi)
         if bad:
             warnings.append(f"dropped {bad} unparsable line(s)")
         t = pa.concat_tables(parts) if parts else pa.Table.from_pylist([], schema=opts.explicit_schema)
@@ -337,6 +344,13 @@ def _starts_with_object(buf) -> bool:
         if head:
             return head[:1] == b"{"
     return False
+
+
+def _is_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _object_lines(buf, rel: np.ndarray) -> np.ndarray:

@@ -194,14 +194,29 @@ def check_bin(label: str, base: bytes, base_offs: np.ndarray, data: bytes, kind:
                                           f"record at {nxt}"))
 
 
-def run_reader(folder: Path, name: str, data: bytes, fns, rep_cls):
-    """The reader of `name` on folder/name (holding `data`): its FileReport and records read."""
-    from mining import allocs, functions, graphs, load
-    from mining.jsonl import read_frames
+def run_reader(folder: Path, name: str, data: bytes, fns, rep_cls, full: bool = True):
+    """The reader of `name` on folder/name (holding `data`): its FileReport and records read.
+    full False: only the stage that decides what is read and what is reported (the per-line
+    checks and the report, no frames), the same functions the full reader calls first."""
+    from mining import allocs, damage, functions, graphs, load
+    from mining.jsonl import _OPTS, _launch_ok, read_frames, read_lines_file
 
     (folder / name).write_bytes(data)
     rep = rep_cls(name)
     w: list[str] = []
+    if not full and name in ("modules.jsonl", "graphs.jsonl", "functions.jsonl"):
+        keep = {"modules.jsonl": load._module_event, "graphs.jsonl": graphs._graph_event,
+                "functions.jsonl": functions._function}[name]
+        rows, rep = damage.lines_report(name, data, keep, lambda line: "damaged")
+        return rep, len(rows)
+    if not full and name in ("allocs.jsonl", "launches.jsonl"):
+        import pyarrow.json as pj
+        from mining import schema
+        opts = _OPTS if name == "launches.jsonl" else pj.ParseOptions(
+            explicit_schema=schema.ALLOC_RECORD, unexpected_field_behavior="ignore")
+        valid = _launch_ok if name == "launches.jsonl" else allocs._valid_events
+        t, rep = read_lines_file(name, data, opts, valid, w, "records")
+        return rep, t.num_rows
     if name == "functions.jsonl":
         f = functions.read_functions(folder / name, w, rep)
         return rep, len(f.ids)
@@ -222,10 +237,10 @@ def run_reader(folder: Path, name: str, data: bytes, fns, rep_cls):
 
 
 def check_lines(label: str, folder: Path, name: str, base: bytes, base_read: int, data: bytes,
-                kind: str, hit, fns, out: Outcome):
+                kind: str, hit, fns, out: Outcome, full: bool = True):
     from mining.damage import FileReport
     try:
-        rep, got = run_reader(folder, name, data, fns, FileReport)
+        rep, got = run_reader(folder, name, data, fns, FileReport, full)
     except Exception as exc:  # noqa: BLE001 -- the point: nothing but a one-line DumpError
         if _one_line(exc):
             out.refused += 1

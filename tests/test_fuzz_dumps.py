@@ -5,14 +5,16 @@ Why: a dump is read after its process was killed or its copy was cut; nothing in
 readers raise anything but the project's one-sentence `DumpError`, and single-byte damage may
 cost at most the record it hit (tests/fuzz_dumps.py says what is mutated and what is checked).
 
-Budget: READER_VARIANTS per (process folder, file) straight through that file's reader, for every
-dump file of every committed real dump (the vLLM, capture and suite fixtures: both record forms,
-every side file) -- more than 10,000 in all; ANALYZE_VARIANTS more through load, analyze, the
-report and the contract round trip, on the small dumps (a whole analysis of the large ones takes
-seconds). The launch files of the vLLM JSON dumps (23 MB) are fuzzed on their first
-WINDOW_LINES lines, the long side files likewise: the readers are per line, so a window is the
-same code on less input. Variants are deterministic (seeded by their index); the two worker
-processes split the folders.
+Budget: PER_DUMP (10,000) variants of every committed real dump (the vLLM, capture and suite
+fixtures: both record forms, every side file), split over its files and read straight through
+each file's reader (one in FULL_EVERY with its frames built, the others through the stage that
+finds the records and writes the report: launches.bin's scan, the per-line checks), on the file's
+first PREFIX_BYTES (whole records: the readers are per line and
+per record, so a prefix is the same code on less input, read in a millisecond); WHOLE more per file
+on the whole file (the 23 MB vLLM launch files and the long side files on their first
+WINDOW_LINES lines); ANALYZE_VARIANTS more through load, analyze, the report and the contract
+round trip, on the small dumps (a whole analysis of the large ones takes seconds). Variants are
+deterministic (seeded by file and index); the two worker processes split the folders.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from conftest import FIXTURES
 from fuzz_dumps import (SIDE, Outcome, check_analyze, check_bin, check_lines, copy_pid,
                         kinds_for, variant)
 
-READER_VARIANTS = 200
-ANALYZE_VARIANTS = 2000
+PER_DUMP = 10_000        # reader variants per committed dump, on prefixes of its files
+WHOLE = 20               # and per file, on the whole file
+PREFIX_BYTES = 48 << 10
+FULL_EVERY = 5           # one prefix variant in FULL_EVERY through the whole reader, frames built;
+                         # the others through the stage that decides what is read and reported
+ANALYZE_VARIANTS = 1500
 WINDOW_LINES = {"launches.jsonl": 256, "allocs.jsonl": 1000, "modules.jsonl": 24}
 BIG = 256 << 10
 SMALL_DUMPS = ("capture/probe", "capture/probe_bin", "capture/torch", "capture/torch_bin")
@@ -58,6 +64,7 @@ def _dumps() -> dict[str, list[Path]]:
 
 
 def _window(name: str, data: bytes) -> bytes:
+    """The whole file, but the first WINDOW_LINES lines of the long ones (the 23 MB launch files)."""
     k = WINDOW_LINES.get(name)
     if k is None or len(data) <= BIG:
         return data
@@ -70,14 +77,43 @@ def _window(name: str, data: bytes) -> bytes:
     return data[:cut]
 
 
+def _prefix(name: str, data: bytes) -> bytes:
+    """The file's first PREFIX_BYTES at most, cut after a whole record (a line; in launches.bin a
+    record found by the reader): the real records of the file, few enough to read in a millisecond."""
+    if len(data) <= PREFIX_BYTES:
+        return data
+    if name == "launches.bin":
+        from capture import binfmt
+        offs = binfmt.scan(data).offsets
+        k = int(np.searchsorted(offs, PREFIX_BYTES, side="right")) - 1
+        return data[:int(offs[max(k, 1)])]
+    cut = data.rfind(b"\n", 0, PREFIX_BYTES) + 1
+    return data[:cut] if cut else data[:data.find(b"\n") + 1]
+
+
+def _plan(dumps: dict[str, list[Path]]):
+    """Tasks (label, pid folder, [(file, base, variants)]): every dump gets PER_DUMP variants on
+    prefixes of its files, split evenly over its (process, file) pairs, and every file WHOLE more
+    on the whole file."""
+    tasks = []
+    for label, pids in dumps.items():
+        pairs = [(pid, n) for pid in pids for n in ("launches.jsonl", "launches.bin") + SIDE
+                 if (pid / n).is_file()]
+        each = -(-PER_DUMP // len(pairs))
+        for pid in pids:
+            mine = [n for p, n in pairs if p == pid]
+            tasks.append((label, pid, [(n, "prefix", each) for n in mine] + [(n, "whole", WHOLE) for n in mine]))
+    return tasks
+
+
 def _readers(task) -> Outcome:
-    """All reader variants of one process folder (runs in a worker)."""
+    """The reader variants of one process folder (runs in a worker)."""
     from capture import binfmt
     from mining.damage import FileReport
     from mining.functions import FUNCTIONS, read_functions
     from fuzz_dumps import run_reader
 
-    label0, src, first = task
+    label0, src, plan = task
     out = Outcome()
     with tempfile.TemporaryDirectory() as tmp:
         work = copy_pid(src, Path(tmp) / src.name)
@@ -85,27 +121,27 @@ def _readers(task) -> Outcome:
         if fns is None:
             from mining.functions import Functions
             fns = Functions(np.zeros(0, np.int64), {}, *(np.zeros(0, np.int64),) * 4)
-        names = [n for n in ("launches.jsonl", "launches.bin") + SIDE if (work / n).is_file()]
-        for name in names:
-            base = _window(name, (work / name).read_bytes())
+        for name, mode, count in plan:
+            whole = _window(name, (src / name).read_bytes())
+            base = _prefix(name, whole) if mode == "prefix" else whole
             offs = binfmt.scan(base).offsets if name == "launches.bin" else None
             if name != "launches.bin":
                 base_rep, _ = run_reader(work, name, base, fns, FileReport)
                 base_read = base_rep.read
             kinds = kinds_for(name)
-            for v in range(READER_VARIANTS):
-                seed = first + v
-                rng = random.Random(f"{label0}/{src.name}/{name}/{seed}")
+            for v in range(count):
+                rng = random.Random(f"{label0}/{src.name}/{name}/{mode}/{v}")
                 kind = kinds[v % len(kinds)] if v < 2 * len(kinds) else rng.choice(kinds)
                 data, hit = variant(base, kind, rng, offs)
-                label = f"{label0}/{src.name}/{name} {kind} seed {seed}"
+                label = f"{label0}/{src.name}/{name} {mode} {kind} seed {v}"
                 out.count += 1
+                full = v % FULL_EVERY == 0 or mode == "whole"   # the frames too, not only the report
                 if name == "launches.bin":
                     check_bin(label, base, offs, data, kind, hit, out)
-                    if v % 6 == 0:   # and the frames built from what was found
+                    if full:
                         check_lines(label, work, name, base, 0, data, "none", None, fns, out)
                 else:
-                    check_lines(label, work, name, base, base_read, data, kind, hit, fns, out)
+                    check_lines(label, work, name, base, base_read, data, kind, hit, fns, out, full)
             (work / name).write_bytes((src / name).read_bytes())
     return out
 
@@ -151,13 +187,12 @@ def _pool():
 def test_fuzz_every_dump_file_through_its_reader():
     dumps = _dumps()
     assert len(dumps) >= 18 and {"vllm/vllm-offline-bin", "capture/probe_bin", "suite/q3ds"} <= set(dumps)
-    tasks = [(label, pid, 0) for label, pids in dumps.items() for pid in pids]
-    tasks.sort(key=lambda t: -sum(f.stat().st_size for f in t[1].iterdir() if f.is_file()))
+    tasks = _plan(dumps)
     total = Outcome()
     with _pool() as pool:
         for out in pool.imap_unordered(_readers, tasks):
             total.add(out)
-    assert total.count >= 10_000, _report(total)
+    assert total.count >= PER_DUMP * len(dumps), _report(total)
     assert not total.escaped and not total.broken, _report(total)
 
 
