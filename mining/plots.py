@@ -92,31 +92,17 @@ def fit_plot(a, site: str, field: str, ax=None):
 
 
 def _parse(text: str):
-    """Inverse of fit.render for single-variable tokens expressions; None if not parseable."""
+    """A fitted expression as `fit.evaluate` takes it: `fit.parse` for the closed set, and the
+    piecewise verdict (`piecewise(tokens==1: a; tokens>1: b)`) read as its two branches; None if
+    the text is neither."""
     text = text.strip()
     try:
-        return ("const", int(text))
+        if text.startswith("piecewise(") and text.endswith(")"):
+            a, b = text[len("piecewise("):-1].split(";")
+            return ("piecewise", "tokens", F.parse(a.split(":", 1)[1]), F.parse(b.split(":", 1)[1]))
+        return F.parse(text)
     except ValueError:
-        pass
-    if text == "tokens":
-        return ("var", "tokens")
-    for kind in ("mul", "ceil_div", "add", "piecewise"):
-        if text.startswith(kind + "(") and text.endswith(")"):
-            inner = text[len(kind) + 1:-1]
-            if kind == "piecewise":
-                a, b = inner.split(";")
-                return ("piecewise", "tokens", _parse(a.split(":")[1]), _parse(b.split(":")[1]))
-            depth, cut = 0, None
-            for i, ch in enumerate(inner):
-                depth += ch == "("
-                depth -= ch == ")"
-                if ch == "," and depth == 0:
-                    cut = i
-            left, right = _parse(inner[:cut]), inner[cut + 1:].strip()
-            if kind == "add":
-                return ("add", left, _parse(right))
-            return (kind, left, int(right))
-    return None
+        return None
 
 
 def chrome_trace(a) -> dict:
