@@ -276,8 +276,9 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
                 raise DumpError(f"{src}: every launch names a function that {folder / FUNCTIONS} "
                                 f"{'lacks' if fns is not None else 'would hold (the file is missing)'}") from None
             if rep.damaged:
-                raise DumpError(f"{src}: holds no parsable launch record ({rep.skipped} damaged record(s) "
-                                f"in {len(rep.ranges) + rep.ranges_left_out} range(s))") from None
+                more = " or more" if any(r.records is None for r in rep.ranges) else ""
+                raise DumpError(f"{src}: holds no parsable launch record ({rep.skipped}{more} damaged "
+                                f"record(s) in {len(rep.ranges) + rep.ranges_left_out} range(s))") from None
             raise
         if sum(no_fns.missing):
             warnings.append(f"dropped {sum(no_fns.missing)} launch(es) naming a function missing from "
