@@ -176,3 +176,14 @@ def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "l7.gate_up" in r.stderr and "checkpoint does not fit" in r.stderr
     assert not (tmp_path / "b" / "qwen3.json").exists()
+
+
+def test_config_of_another_model_is_blamed_on_the_config(tmp_path):
+    cfg = json.loads(CONFIG.read_text())
+    cfg["hidden_size"] *= 2
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(bad),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"the config's hidden_size is {cfg['hidden_size']}" in r.stderr and "another model" in r.stderr

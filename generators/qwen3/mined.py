@@ -523,10 +523,23 @@ def check_weights_distinct(doc: AnalysisDoc) -> None:
                                  f"a distinct tensor per layer")
 
 
+def check_config(tagged: list[Launch], cfg) -> None:
+    """The config's sizes are the ones the capture's norms ran at: a config of another model is
+    blamed on the config, not reported as a capture without forwards."""
+    sizes = sorted({_val(x, RMS_HIDDEN) for x in tagged if x.tag == "rms"} - {-1})
+    if not sizes:
+        return
+    for name, want in (("hidden_size", cfg.hidden), ("head_dim", cfg.head_dim)):
+        if want not in sizes:
+            raise WiringMismatch(f"the config's {name} is {want}, but the capture's rms_norm launches ran at "
+                                 f"sizes {sizes}: the config is of another model than the capture")
+
+
 def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
     """Forwards, instances and checks of a loaded dump (`mining.load.load_dump`) and its analysis."""
     check_analysis(doc, dump, cfg)
     tagged = _launches(dump)
+    check_config(tagged, cfg)
     forward_of = forward_map(doc)
     fwds, skipped = forwards(tagged, forward_of, cfg)
     result = []
