@@ -30,6 +30,10 @@ import re
 import sys
 from pathlib import Path
 
+# run.sh calls this script by path, possibly under sudo or in a user namespace where the
+# project's editable install is not on the path: the repository root is
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 
 def check_process(dump_dir: Path, truth: dict, stderr: str) -> tuple[dict, list[str]]:
     """(what the dump of one process says, the problems found)."""
