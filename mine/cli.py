@@ -10,81 +10,98 @@ naming the flag.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-import typer
-from rich.console import Console
-from rich.markup import escape
-
-app = typer.Typer(
-    name="mine",
-    help="Lift kernels out of a running CUDA process and compile them into kern manifests.\n\n"
-    "\b\nExamples (from a clone of the repository):\n"
-    "  mine capture -o out/dump -- python3 -c pass                # dump every cubin and launch ABI\n"
-    "  mine analyze tests/fixtures/vllm/vllm-offline.tar.xz       # passes, call sites, pointer roles, fits\n"
-    "  mine gen qwen3 --dump tests/fixtures/vllm/vllm-offline.tar.xz"
-    " --config examples/vllm_qwen3/reference/config.json -o out/qwen3\n"
-    "  mine verify manifests/qwen3/qwen3.json",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+_APP = None
 
 
-def _version(value: bool) -> None:
-    if value:
-        from mine import __version__
+def _build_app():
+    """The typer app with every stage's commands registered (built once, on first use: a plain
+    `mine verify PATH...` never needs it, `mine.verify_report`)."""
+    global _APP
+    if _APP is not None:
+        return _APP
+    import importlib
 
-        typer.echo(f"mine {__version__}")
-        raise typer.Exit()
+    import typer
 
-
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    """Lift kernels out of a running CUDA process and compile them into kern manifests."""
-
-# One module per stage; each exposes register(app). Listed in pipeline order.
-COMMAND_MODULES = (
-    "mine.cmd_capture",
-    "mine.cmd_analyze",
-    "mine.cmd_gen",
-    "mine.cmd_gen_qwen3",
-    "mine.cmd_gen_k3",
-    "mine.cmd_k3",
-    "mine.cmd_manifests",
-    "mine.cmd_kernels",
-    "mine.cmd_replay",
-)
-
-for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(_name)
-    except ModuleNotFoundError as exc:  # a stage not built yet must not break the others
-        if exc.name != _name:
-            raise
-        continue
-    _mod.register(app)
-
-def _flags_take_no_value() -> None:
-    """Typer's rich help shows `<bool>` beside on/off flags (`--force`, `--decode`), which reads as
-    if they took a value; show nothing there, as for click's plain help. Guarded: the hook is
-    typer's, and a typer without it keeps its own rendering."""
-    from typer import core
-
-    show = getattr(core.TyperOption, "display_type_rich", None)
-    if show is None:
-        return
-
-    def display(self, ctx):
-        return None if self.is_flag else show(self, ctx)
-
-    core.TyperOption.display_type_rich = display
+    app = typer.Typer(
+        name="mine",
+        help="Lift kernels out of a running CUDA process and compile them into kern manifests.\n\n"
+        "\b\nExamples (from a clone of the repository):\n"
+        "  mine capture -o out/dump -- python3 -c pass                # dump every cubin and launch ABI\n"
+        "  mine analyze tests/fixtures/vllm/vllm-offline.tar.xz       # passes, call sites, pointer roles, fits\n"
+        "  mine gen qwen3 --dump tests/fixtures/vllm/vllm-offline.tar.xz"
+        " --config examples/vllm_qwen3/reference/config.json -o out/qwen3\n"
+        "  mine verify manifests/qwen3/qwen3.json",
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
 
 
-_flags_take_no_value()
+    def _version(value: bool) -> None:
+        if value:
+            from mine import __version__
+
+            typer.echo(f"mine {__version__}")
+            raise typer.Exit()
+
+
+    @app.callback()
+    def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit.")) -> None:
+        """Lift kernels out of a running CUDA process and compile them into kern manifests."""
+
+    # One module per stage; each exposes register(app). Listed in pipeline order.
+    COMMAND_MODULES = (
+        "mine.cmd_capture",
+        "mine.cmd_analyze",
+        "mine.cmd_gen",
+        "mine.cmd_gen_qwen3",
+        "mine.cmd_gen_k3",
+        "mine.cmd_k3",
+        "mine.cmd_manifests",
+        "mine.cmd_kernels",
+        "mine.cmd_replay",
+    )
+
+    for _name in COMMAND_MODULES:
+        try:
+            _mod = importlib.import_module(_name)
+        except ModuleNotFoundError as exc:  # a stage not built yet must not break the others
+            if exc.name != _name:
+                raise
+            continue
+        _mod.register(app)
+
+    def _flags_take_no_value() -> None:
+        """Typer's rich help shows `<bool>` beside on/off flags (`--force`, `--decode`), which reads as
+        if they took a value; show nothing there, as for click's plain help. Guarded: the hook is
+        typer's, and a typer without it keeps its own rendering."""
+        from typer import core
+
+        show = getattr(core.TyperOption, "display_type_rich", None)
+        if show is None:
+            return
+
+        def display(self, ctx):
+            return None if self.is_flag else show(self, ctx)
+
+        core.TyperOption.display_type_rich = display
+
+
+    _flags_take_no_value()
+    _APP = app
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":            # `from mine.cli import app` builds it
+        return _build_app()
+    raise AttributeError(name)
+
 
 USER_ERRORS = (OSError, ValueError, LookupError)
 
@@ -109,6 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     Typer's own handling of a usage error (a bad flag value, a missing option) draws a box of
     several lines around it; here it is the same one sentence as every other user error, naming
     the flag, with the command to ask for help."""
+    from mine import verify_report
+
+    if verify_report.handles(sys.argv[1:] if argv is None else argv):
+        sys.exit(verify_report.run(sys.argv[1:] if argv is None else argv))
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+
+    app = _build_app()
     err = Console(stderr=True)
     usage, no_args = _usage_errors()
     try:

@@ -10,10 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-
-from manifests.verify import verify_file
 
 
 def verify_cmd(
@@ -26,20 +22,14 @@ def verify_cmd(
       mine verify manifests/qwen3/qwen3.json
       mine verify manifests/k3/224/d.json manifests/k3/224/p/stage0.json
     """
-    out = Console(highlight=False, soft_wrap=True)
-    # Read everything first: an unreadable file is a usage error (exit 2) even among good ones.
-    results = [(p, verify_file(p)) for p in manifests]
-    rejected = 0
-    for path, diags in results:
-        if not diags:
-            out.print(f"[green]verified[/] {escape(str(path))}")
-            continue
-        rejected += 1
-        out.print(f"[red]rejected[/] {escape(str(path))}: {len(diags)} violation(s)")
-        for d in diags:
-            out.print(f"  - {escape(d.path)}: {escape(d.message)} [dim]\\[{d.rule}][/]")
-    if rejected:
-        raise typer.Exit(1)
+    import sys
+
+    from mine.verify_report import report
+
+    text, code = report(manifests, color=sys.stdout.isatty())
+    typer.echo(text, nl=False)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
