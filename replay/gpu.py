@@ -129,21 +129,10 @@ class Gpu:
         self.allocs, self.host_allocs = [], []
         self._flush = None
 
-    def fill(self, ptr: int, n: int, pattern: str, seed: int = 0) -> None:
-        """`zero`; `one64` (the u64 value 1 repeated: small integers, tiny floats); `random`
-        (seeded bytes)."""
-        if pattern == "zero":
-            self._ok("cuMemsetD8", self.cu.cuMemsetD8(ptr, 0, n))
-            self.sync()
-            return
-        if pattern == "one64":
-            host = np.zeros(n, np.uint8)
-            host[0::8] = 1
-        elif pattern == "random":
-            host = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-        else:
-            raise ValueError(f"unknown fill {pattern!r}")
-        self.upload(ptr, host)
+    def zero(self, ptr: int, n: int) -> None:
+        """Zero `n` bytes at `ptr` (device or mapped host memory), finished before it returns."""
+        self._ok("cuMemsetD8", self.cu.cuMemsetD8(ptr, 0, n))
+        self.sync()
 
     def upload(self, ptr: int, host: np.ndarray) -> None:
         self._ok("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(ptr, host, host.nbytes))

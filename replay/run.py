@@ -85,7 +85,7 @@ class _Setup:
         host = self.zero if pattern == "zero" else self.tagged
         for b, h in zip(self.bases, host):
             if pattern == "zero":
-                self.gpu.fill(b, len(h), "zero")
+                self.gpu.zero(b, len(h))
             else:
                 self.gpu.upload(b, h)
         if poison is not None and poison.hi > poison.lo:
