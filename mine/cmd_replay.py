@@ -105,14 +105,11 @@ def replay_cmd(
 
 def with_flow(dump, results, analysis: Path | None):
     """The analysis (read from `analysis`, or computed) with its flow section from `results`."""
-    from mining.contract import from_json
+    from mine.cmd_gen_qwen3 import read_analysis
     from replay.sites import flow_words
 
     if analysis is not None:
-        try:
-            doc = from_json(json.loads(analysis.read_text()))
-        except ValueError as exc:
-            raise ValueError(f"{analysis}: {exc}") from None
+        doc = read_analysis(analysis)
         if doc.source.launches != len(dump.launches):
             raise ValueError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
                              f"this dump has {len(dump.launches)})")

@@ -135,35 +135,32 @@ def read_attrs(folder: Path, seqs: set[int]) -> dict[int, dict]:
     return out
 
 
-def read_tensormaps(folder: Path) -> list[dict]:
-    src = folder / "tensormaps.jsonl"
+def _records(src: Path):
+    """The JSON objects of a side file's lines; a damaged line is skipped (the analysis' own
+    readers report damage, mining/damage.py; a plan only needs the records that are whole)."""
     if not src.is_file():
-        return []
-    out = []
+        return
     for line in src.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("hex"), str) and len(rec["hex"]) == 256:
-            out.append(rec)
-    return out
+        if isinstance(rec, dict):
+            yield rec
+
+
+def read_tensormaps(folder: Path) -> list[dict]:
+    return [r for r in _records(folder / "tensormaps.jsonl")
+            if isinstance(r.get("hex"), str) and len(r["hex"]) == 256]
 
 
 def read_host_ranges(folder: Path) -> list[tuple[int, int, int, int]]:
     """Pinned host allocations of the log as (base, size, first seq, end seq): live for launches
     first <= seq < end (docs/dump-format.md, "Allocation log": events apply in (seq_before,
     order) order; a free or unregister ends the range at its base)."""
-    src = folder / "allocs.jsonl"
-    if not src.is_file():
-        return []
     ev = []
-    for line in src.read_text(errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(r, dict) or r.get("result") != 0 or not str(r.get("event", "")).startswith("host_"):
+    for r in _records(folder / "allocs.jsonl"):
+        if r.get("result") != 0 or not str(r.get("event", "")).startswith("host_"):
             continue
         try:
             ev.append((int(r["seq_before"]), int(r.get("order", 0)), r["event"], int(r["base"], 16), r.get("size")))
@@ -186,21 +183,25 @@ def read_host_ranges(folder: Path) -> list[tuple[int, int, int, int]]:
 HOST_ID = 1 << 60              # region ids of host ranges (apart from device buffer ids)
 
 
+def _words8(params: list[bytes], taken: set):
+    """(param, byte offset, value) of every 8-byte-aligned little-endian word not in `taken`."""
+    for i, b in enumerate(params):
+        for at in range(0, len(b) - 7, 8):
+            if (i, at) not in taken:
+                yield i, at, struct.unpack_from("<Q", b, at)[0]
+
+
 def _host_words(params: list[bytes], offsets: list[int], taken: set, ranges, seq: int):
     """8-byte words of the parameters that point into a pinned host range live at `seq`, as
     words-frame rows (i, at, buffer_id, alloc_base, alloc_size, ptr_off, value)."""
     live = [(b, s) for b, s, first, end in ranges if first <= seq < end]
     rows = []
-    for i, b in enumerate(params):
-        for at in range(0, len(b) - 7, 8):
-            if (i, at) in taken:
-                continue
-            v = struct.unpack_from("<Q", b, at)[0]
-            for base, size in live:
-                if base <= v < base + size:
-                    rows.append({"i": i, "at": at, "buffer_id": HOST_ID + base, "alloc_base": base,
-                                 "alloc_size": size, "ptr_off": v - base, "value": v})
-                    break
+    for i, at, v in _words8(params, taken):
+        for base, size in live:
+            if base <= v < base + size:
+                rows.append({"i": i, "at": at, "buffer_id": HOST_ID + base, "alloc_base": base,
+                             "alloc_size": size, "ptr_off": v - base, "value": v})
+                break
     return pd.DataFrame(rows, columns=["i", "at", "buffer_id", "alloc_base", "alloc_size", "ptr_off", "value"])
 
 
@@ -294,14 +295,8 @@ def plan_launch(dump, seq: int, max_region: int = MAX_REGION, attrs: dict | None
     # 8-byte words that look like user-space addresses but lie in no captured device allocation:
     # host memory the kernel may read through a mapping (pinned staging buffers), which a replay
     # cannot give it; named when such a launch faults
-    unmapped = []
-    for k, b in enumerate(params):
-        for at in range(0, len(b) - 7, 8):
-            v = struct.unpack_from("<Q", b, at)[0]
-            if ADDRESS_LO <= v < ADDRESS_HI and v % 256 == 0 and \
-                    not any(w.i == k and w.at == at for w in words) and \
-                    not any(t.i == k and t.at <= at < t.at + 128 for t in tmaps):
-                unmapped.append((k, at, v))
+    taken = {(w.i, w.at) for w in words} | {(t.i, a) for t in tmaps for a in range(t.at, t.at + 128, 8)}
+    unmapped = [(i, at, v) for i, at, v in _words8(params, taken) if ADDRESS_LO <= v < ADDRESS_HI and v % 256 == 0]
     a = attrs if attrs is not None else read_attrs(folder, {seq}).get(seq, {})
     cl = a.get("cluster")
     return LaunchPlan(seq, str(r["symbol"]), sha, cubin,
