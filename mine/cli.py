@@ -1,11 +1,14 @@
 """The `mine` command: wires the stages together and nothing else.
 
 Each stage registers its sub-commands from its own `mine.cmd_*` module, so the command modules
-stay a few dozen lines over importable functions. Errors that a user can cause (bad paths, bad
-input, a rejected manifest) surface from the stages as `OSError`, `ValueError` or `LookupError`
-subclasses; here they become one sentence on stderr and exit code 2. Anything else is a bug and
-keeps its traceback. Usage errors (a bad flag value, a missing option) are one sentence too,
-naming the flag.
+stay a few lines over importable functions. Errors that a user can cause (bad input, a rejected
+manifest) surface from the stages as `vocab.errors.MineError` subclasses, and a file that cannot
+be read or written as an `OSError`; here those two become one sentence on stderr and exit code 2.
+Usage errors (a bad flag value, a missing option) are one sentence too, naming the flag.
+
+Anything else that escapes a command (a `KeyError`, `IndexError`, plain `ValueError`, ...) is a
+bug in mine, not a fault of the input, and is shown as one: its traceback, then the line
+`mine: internal error: ...` on stderr, and exit code 70 (EX_SOFTWARE), which no bad input gives.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def _build_app():
         "mine.cmd_manifests",
         "mine.cmd_kernels",
         "mine.cmd_replay",
+        "mine.cmd_compare",
     )
 
     for _name in COMMAND_MODULES:
@@ -103,7 +107,14 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-USER_ERRORS = (OSError, ValueError, LookupError)
+def _user_errors() -> tuple:
+    """What the CLI reports as one sentence: the error model's base and unreadable files."""
+    from vocab.errors import MineError
+
+    return (MineError, OSError)
+
+
+INTERNAL_ERROR = 70  # sysexits EX_SOFTWARE: a bug in mine
 
 
 def _usage_errors():
@@ -118,6 +129,15 @@ def _usage_errors():
         except ImportError:
             NoArgsIsHelpError = ()
     return UsageError, NoArgsIsHelpError
+
+
+def internal_error(exc: BaseException) -> None:
+    """Show `exc` as the bug it is: the traceback, then one line saying so (stderr)."""
+    import traceback
+
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    sys.stderr.write(f"mine: internal error: {type(exc).__name__}: {exc} (a bug in mine, not a fault of "
+                     "the input; the traceback above shows where)\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,13 +168,16 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[bold red]mine: error:[/] {escape(msg)} (see `{escape(where)} -h`)", highlight=False,
                   soft_wrap=True)
         sys.exit(exc.exit_code)
-    except USER_ERRORS as exc:
+    except _user_errors() as exc:
         # escaped: messages quote user values and rule ids in brackets, which are not markup
         err.print(f"[bold red]mine: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         err.print("mine: interrupted")
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - a bug: shown as one, never as a bad-input sentence
+        internal_error(exc)
+        sys.exit(INTERNAL_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 
 
