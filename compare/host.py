@@ -1,0 +1,87 @@
+"""The manifest loaded on kern, and a host that serves one sequence through it (GPU only).
+
+The host writes every input by its declared fill, the way a serving engine would for a batch of
+one: tokens and positions of the rows fed, slots equal to positions (the sequence's pages are laid
+out in order, page i holding positions i*block .. i*block+block-1), the sequence's length, the
+query start offsets, and a block table naming pages 0, 1, 2, ... Nothing in it knows a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from compare.serving import Serving
+
+
+class KernHost:
+    def __init__(self, manifest_path: Path, kernels: Path, m: dict, s: Serving, weight_files: Sequence[Path],
+                 gpu: int = 0):
+        import torch
+        import kern
+        from kern.host import region
+
+        self.torch, self.m, self.s = torch, m, s
+        self.rt = kern.Runtime(str(manifest_path), str(kernels), [str(p) for p in weight_files], gpu)
+        self.v = {f: region(self.rt, m, name) for f, name in s.inputs.items()}
+        self.logits_v = region(self.rt, m, s.logits)
+        self.next_v = region(self.rt, m, s.next_token) if s.next_token else None
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh sequence: the block table names pages 0, 1, ... for the longest context."""
+        torch, v = self.torch, self.v
+        if "blocks" in v:
+            need = -(-self.s.max_len // self.s.block_size)
+            v["blocks"].zero_()
+            v["blocks"].view(-1)[:need] = torch.arange(need, dtype=v["blocks"].dtype)
+        torch.cuda.synchronize()
+
+    def _feed(self, ids: Sequence[int], start: int) -> None:
+        torch, v, n = self.torch, self.v, len(ids)
+        dev = v["token"].device
+        v["token"].view(-1)[:n] = torch.tensor(list(ids), dtype=v["token"].dtype, device=dev)
+        pos = torch.arange(start, start + n, dtype=torch.int64, device=dev)
+        v["position"].view(-1)[:n] = pos.to(v["position"].dtype)
+        if "slot" in v:
+            v["slot"].view(-1)[:n] = pos.to(v["slot"].dtype)
+        if "seq_len" in v:
+            v["seq_len"].view(-1)[0] = start + n
+        if "cu_seqlens" in v:
+            v["cu_seqlens"].view(-1)[:2] = torch.tensor([0, n], dtype=v["cu_seqlens"].dtype, device=dev)
+        if "valid" in v:
+            flat = v["valid"].view(-1)
+            flat.zero_()
+            flat[:n] = 1
+        torch.cuda.synchronize()
+
+    def _run(self, program: str, rows: int) -> None:
+        self.rt.run(program, {"rows": rows, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": rows})
+        self.torch.cuda.synchronize()
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """Land the KV of `ids` (positions 0..len-1) in chunks of the prefill program's rows."""
+        if not ids:
+            return
+        if self.s.prefill is None:
+            for p, t in enumerate(ids):
+                self._feed([t], p)
+                self._run(self.s.decode, 1)
+            return
+        for a in range(0, len(ids), self.s.chunk):
+            part = ids[a:a + self.s.chunk]
+            self._feed(part, a)
+            self._run(self.s.prefill, len(part))
+
+    def decode(self, token: int, position: int):
+        """Feed one token at `position`; kern's logits of the next token, float32 on the GPU."""
+        self._feed([token], position)
+        self._run(self.s.decode, 1)
+        lg = self.logits_v.view(-1, self.s.vocab)
+        return lg[0].float().clone()  # decode runs one row: row 0 is the last row fed either way
+
+    def next_token(self) -> int:
+        """The manifest's own greedy choice after the last decode (its `tokens` output)."""
+        if self.next_v is None:
+            raise RuntimeError("the manifest has no tokens output")
+        return int(self.next_v.view(-1)[0].item())

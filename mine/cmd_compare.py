@@ -1,0 +1,141 @@
+"""`mine compare` and `mine reference`: a manifest on kern judged against an engine's recorded run.
+
+Thin commands over `compare/` (docs/compare.md): `reference` starts the vLLM recorder in a child
+process (vLLM is imported only there), `compare` checks everything on the CPU first
+(`compare.run.prepare`), then runs kern. Exit codes: 0 when every step is allowed, 1 when a step
+is not (the first one is named), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vocab.errors import UsageError
+
+
+def compare_cmd(
+    manifest: Path = typer.Argument(..., help="the manifest's folder (its JSON, kernels/, bindings) or its JSON"),
+    weights: Path = typer.Option(..., "--weights", help="the checkpoint folder the reference was recorded on"),
+    ref: Path = typer.Option(..., "--reference", help="the reference JSON (mine reference)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the report (every step) as JSON"),
+    tol_ulps: float = typer.Option(8.0, "--tol-ulps", min=0.0,
+                                   help="the error bound in bf16 steps at the logits' magnitude"),
+    tol: float = typer.Option(0.0, "--tol", min=0.0, help="an absolute floor on the error bound (logit units)"),
+    logits: Optional[str] = typer.Option(None, "--logits", help="the logits buffer, where the manifest has several"),
+    gpu: int = typer.Option(0, "--gpu", min=0, help="the GPU to run kern on"),
+    no_free: bool = typer.Option(False, "--no-free-running", help="skip the free-running greedy runs"),
+) -> None:
+    """Run MANIFEST on kern teacher-forced on a reference's tokens and judge every step: kern's top-1
+    against the reference's, the reference's own margin where they differ, kern's logit-difference
+    error over the reference's top-k ids; plus free-running greedy agreement per request.
+
+    Examples (need a GPU, kern-llm, the checkpoint and its reference):
+
+      mine compare manifests/qwen3 --weights CKPT --reference ref.json --json compare.json
+    """
+    from mine.checks import check_outputs
+    from compare import run, verdict
+
+    check_outputs([manifest, weights, ref], {"--json": json_out})
+    setup = run.prepare(manifest, weights, ref, logits)
+    bounds = verdict.Bounds(tol_ulps=tol_ulps, tol=tol)
+    doc = run.compare(setup, bounds, gpu=gpu, free=not no_free)
+    print_report(doc)
+    if json_out is not None:
+        run.write_report(doc, json_out)
+        typer.echo(f"wrote {json_out}")
+    raise typer.Exit(0 if doc["passed"] else 1)
+
+
+def print_report(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{doc['manifest']} on kern vs {doc['engine']} ({doc['mode']}), teacher-forced")
+    for col in ("request", "prompt", "new", "match", "flip", "wrong", "off", "max error", "bound",
+                "max flip margin", "greedy agree"):
+        t.add_column(col, justify="right")
+    for r in doc["requests"]:
+        c = r["counts"]
+        agree = "" if r["agreement"] is None else f"{r['agreement']}/{r['new_tokens']}"
+        fm = r["max_flip_margin"]
+        t.add_row(str(r["request"]), str(r["prompt_tokens"]), str(r["new_tokens"]), str(c["match"]),
+                  str(c["flip"]), str(c["wrong"]), str(c["off"]), f"{r['max_error']:.4f}", f"{r['max_bound']:.4f}",
+                  "" if fm is None else f"{fm:.4f}", agree)
+    con = Console()
+    con.print(t)
+    s = doc["summary"]
+    if doc["passed"]:
+        con.print(f"passed: {s['steps']} steps, {s['counts']['flip']} allowed flip(s), largest error "
+                  f"{s['max_error']:.4f} (bound up to {s['max_bound']:.4f})")
+    else:
+        f = s["first_failure"]
+        why = (f"kern's logit differences are off by {f['error']:.4f} (bound {f['bound']:.4f})" if f["verdict"] == "off"
+               else f"kern chose {f['got']} where the reference chose {f['want']}" +
+               (f" by a margin of {f['margin']:.4f} (bound {f['bound']:.4f})" if f["margin"] is not None
+                else " (outside the reference's top-k)"))
+        con.print(f"FAILED at request {f['request']}, step {f['step']} (position {f['position']}): {why}; "
+                  f"{s['counts']['wrong']} wrong and {s['counts']['off']} off of {s['steps']} steps")
+
+
+def reference_cmd(
+    checkpoint: Path = typer.Argument(..., help="the checkpoint folder (config.json, *.safetensors)"),
+    out: Path = typer.Option(..., "--out", "-o", help="the reference JSON to write"),
+    engine: str = typer.Option("vllm", "--engine", help="the engine to record (vllm)"),
+    mode: str = typer.Option("eager", "--mode", help="eager, or default (torch.compile + CUDA graphs)"),
+    lengths: str = typer.Option("1,37,300,2500", "--lengths", help="prompt lengths, comma-separated"),
+    new: int = typer.Option(64, "--new", min=1, help="new tokens per request"),
+    seed: int = typer.Option(7, "--seed", help="seed of the prompts' token ids"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="a JSON list of token-id lists instead"),
+    top_k: int = typer.Option(20, "--top-k", min=2, help="log-probabilities kept per step"),
+    max_model_len: int = typer.Option(4096, "--max-model-len", min=2, help="the engine's context limit"),
+) -> None:
+    """Record a reference: the engine's greedy run of each prompt with every step's top-k
+    log-probabilities (GPU host with the engine installed).
+
+    Examples (need a GPU and vLLM):
+
+      mine reference CKPT -o ref.json --lengths 1,37,300,2500 --new 64
+    """
+    from mine.checks import check_outputs
+
+    if engine != "vllm":
+        raise UsageError(f"--engine {engine!r}: only vllm can be recorded so far", value=engine, limit=("vllm",))
+    if mode not in ("eager", "default"):
+        raise UsageError(f"--mode {mode!r} is not eager or default", value=mode, limit=("eager", "default"))
+    try:
+        ns = [int(x) for x in lengths.split(",")]
+    except ValueError:
+        raise UsageError(f"--lengths {lengths!r} is not a comma-separated list of integers", value=lengths) from None
+    if not ns or min(ns) < 1:
+        raise UsageError(f"--lengths {lengths!r}: every prompt needs at least one token", value=lengths)
+    if max(ns) + new > max_model_len:
+        raise UsageError(f"a {max(ns)}-token prompt and {new} new tokens exceed --max-model-len {max_model_len}",
+                         value=max(ns) + new, limit=max_model_len)
+    check_outputs([checkpoint, prompts], {"--out": out})
+    from compare import checkpoint as ck
+
+    ck.files(checkpoint)
+    if not ck.config(checkpoint):
+        raise UsageError(f"checkpoint {checkpoint} has no config.json")
+    args = [sys.executable, "-m", "compare.record_vllm", str(checkpoint), str(out), "--lengths", lengths,
+            "--new", str(new), "--seed", str(seed), "--mode", mode, "--top-k", str(top_k),
+            "--max-model-len", str(max_model_len)] + (["--prompts", str(prompts)] if prompts else [])
+    try:
+        import vllm  # noqa: F401  (only to say so before the child starts)
+    except ImportError:
+        raise UsageError("vLLM is not importable here; record the reference on a host that serves with it") from None
+    rc = subprocess.call(args, env=dict(os.environ))
+    if rc != 0:
+        raise typer.Exit(rc)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_cmd)
+    app.command("reference")(reference_cmd)
