@@ -3,7 +3,7 @@
     python benchmarks/bench_analyze.py [--layers 28] [--requests 27] [--decode 100] [--keep DIR]
                                        [--runs 2] [--cpus 0,1]
 
-Writes a simulated capture with known truth (tests/dumpsim.py: a profiling pass, warm-ups and
+Writes a simulated capture with known truth (tests/helpers/dumpsim.py: a profiling pass, warm-ups and
 `--requests` requests of one prefill and `--decode` decode steps each, a `--layers`-layer
 decoder; the defaults give ~1,000,000 launches), then runs `mine analyze DUMP --json OUT` in a
 fresh process pinned to `--cpus` (load with the parquet cache removed, passes, sites, layers,
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
         # that large reports the parent's pages in its own peak RSS (the first measurements of
         # this benchmark counted them); this process stays small
         folder.mkdir(parents=True, exist_ok=True)
-        code = ("import json, sys; sys.path.insert(0, 'tests'); from dumpsim import SimConfig, simulate; "
+        code = ("import json, sys; sys.path.insert(0, 'tests/helpers'); from dumpsim import SimConfig, simulate; "
                 f"from pathlib import Path; f = Path({str(folder)!r}); "
                 f"_, t = simulate(f, SimConfig(layers={args.layers}, prompts={prompts!r}, "
                 f"decode_steps={args.decode}, extra_pid=False)); "

@@ -10,7 +10,7 @@ ratio to the requirement (issue 4: cold under 10 s and 2 GB). With --keep DIR an
 there is reused. --compact writes the same launches in the compact form (MINE_CAPTURE_COMPACT=1:
 functions.jsonl + launches carrying "fn", params without off/size). --bin writes them as binary
 records (MINE_CAPTURE_FORMAT=bin: launches.bin, functions.jsonl, and allocs.jsonl, from which the
-pointers are classified offline; encoder: tests/binenc.py). Results go to docs/benchmarks.md,
+pointers are classified offline; encoder: tests/helpers/binenc.py). Results go to docs/benchmarks.md,
 section "Dump loading".
 """
 
@@ -38,7 +38,7 @@ LAYOUT = [[0, 0, 8], [1, 8, 8], [2, 16, 8], [3, 24, 4], [4, 28, 4], [5, 32, 24]]
 
 def write_bin_dump(folder: Path, n: int) -> Path:
     """The same launches as binary records; pointers come from an allocation log."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
     from binenc import image, record, write_functions, write_meta
 
     pid = folder / "pid1"

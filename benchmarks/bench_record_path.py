@@ -2,8 +2,8 @@
 
     python benchmarks/bench_record_path.py [--launches 50000] [--repeats 5] [--cpus 0,1] [--json out.json]
 
-Runs tests/harness_dispatch.c (the library's launch path with CUPTI and the driver played by hand,
-see tests/test_capture_dispatch.py) for: noop (our callback returns at once), filtered (the
+Runs tests/helpers/harness_dispatch.c (the library's launch path with CUPTI and the driver played by hand,
+see tests/capture/test_capture_dispatch.py) for: noop (our callback returns at once), filtered (the
 include regex matches nothing), bin (the default record form) and json (the default-form JSON
 record), each with warm caches and with 4 MiB written between two launches (as the driver's
 own launch work evicts our data on a real GPU). Launches are 3 us apart, as in a launch-bound
@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+sys.path.insert(0, str(ROOT / "tests" / "capture"))
 sys.path.insert(0, str(ROOT))
 
 from test_capture_dispatch import build_dispatch_harness  # noqa: E402

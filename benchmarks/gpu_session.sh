@@ -8,7 +8,7 @@
 #    (tests/gpu_results/run_gpu.sh; the matrix includes the alloc-log, no-classify configuration);
 # 2. the offline pointer classification checked against recorded ptrs on real processes
 #    (default allocator, expandable segments, cudaMallocAsync);
-# 3. kern runs the committed Qwen3 manifest: tests/test_qwen3_gpu.py (tokens equal vLLM's).
+# 3. kern runs the committed Qwen3 manifest: tests/generators/test_qwen3_gpu.py (tokens equal vLLM's).
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUT_DIR}
 mkdir -p "$out"
@@ -22,4 +22,4 @@ for conf in "" expandable_segments:True backend:cudaMallocAsync; do
       MINE_CAPTURE_ALLOC_LOG=1 python examples/torch_forward.py > /dev/null 2>&1
   python -c "from mining.load import load_dump; d=load_dump('$d', cache=False); print('${conf:-default}', d.warnings, d.meta.get('counters'))"
 done 2>&1 | tee "$out/alloclog.log"
-timeout 400 python -m pytest -q -m gpu tests/test_qwen3_gpu.py -rA 2>&1 | tail -20 | tee "$out/qwen3_gpu.log"
+timeout 400 python -m pytest -q -m gpu tests/generators/test_qwen3_gpu.py -rA 2>&1 | tail -20 | tee "$out/qwen3_gpu.log"

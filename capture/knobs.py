@@ -1,7 +1,7 @@
 """Every environment variable the capture library reads, with its default (one place).
 
 The C library (capture/src/init.c, read_knobs) reads the same names with the same defaults;
-`tests/test_capture_cpu.py` checks that the two lists agree. `mine capture` sets them from its
+`tests/capture/test_capture_cpu.py` checks that the two lists agree. `mine capture` sets them from its
 options through `knob_env()`. Values are validated here so bad input is one sentence, not a
 silently ignored variable; the C side ignores a malformed value with one stderr line.
 """

@@ -27,7 +27,7 @@ which is why a 128-aligned CUtensorMap first param sits at offset 112 on sm_90 (
 `https:`), which need a download; anything the manifest verifier already checks (unknown modules,
 arity of args, expressions). The manifest is expected to have passed the verifier.
 
-Measured against kern-llm 0.3.1 on an H200 (tests/test_abi.py's base manifest and mutations): kern
+Measured against kern-llm 0.3.1 on an H200 (tests/manifests/test_abi.py's base manifest and mutations): kern
 loaded the base manifest (pointers, u8/i64/f32 scalars, a bytes<40> pack, a bytes<128> tensormap
 pack) and refused at load exactly the size, offset, entry and bytes<N> mutations this check
 flags, comparing param sizes only; the launch-bound mutation loaded, since the driver enforces

@@ -1,15 +1,22 @@
-"""Shared test configuration: the `gpu` marker skips cleanly where no NVIDIA driver exists."""
+"""Shared test configuration: the `gpu` marker skips cleanly where no NVIDIA driver exists.
+
+Tests live one folder per stage (capture, mining, manifests, generators, replay, cli, vocab); the
+modules they share (simulators, encoders, harnesses, `paths`) live in tests/helpers, which is put
+on the import path here so that every test imports them by their plain names.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+
+from paths import FIXTURES  # noqa: E402
 
 
 @functools.lru_cache(maxsize=1)

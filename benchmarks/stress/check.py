@@ -6,7 +6,7 @@ matching the launches the program made, one line on stderr for each capture that
 
 Why a script of its own: the run happens on a GPU machine under a full filesystem and an address
 space limit; this part reads only files, so it is the same code on any machine (and tested on CPU
-by tests/test_stress_check.py). The truth is what the stress program wrote about itself
+by tests/capture/test_stress_check.py). The truth is what the stress program wrote about itself
 (TRUTH_DIR/<pid>.json: launches made, children); the dump is what the injected library wrote.
 
 Rules, per process the program reports:

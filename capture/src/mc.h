@@ -78,7 +78,7 @@ void mc_note_error(int fn, int code, int fatal);
  * A failure is counted under "malloc" and turns capture off with one line on stderr (the host's
  * memory is the host's; a capture that cannot allocate stops instead of recording holes); the
  * caller gets NULL and gives up its work. mc_realloc leaves p untouched (the caller's to free)
- * when it fails. All of them call mc_sys_realloc (libc's realloc; tests/harness_dispatch.c swaps
+ * when it fails. All of them call mc_sys_realloc (libc's realloc; tests/helpers/harness_dispatch.c swaps
  * in one that fails the Nth allocation), and what they return is freed with free(). */
 void *mc_malloc(size_t n);
 void *mc_calloc(size_t k, size_t n);

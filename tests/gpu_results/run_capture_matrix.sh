@@ -16,7 +16,7 @@ s=$(date +%s)
 timeout 85 python3 benchmarks/bench_capture.py --launches 100000 --repeats 2 --forwards 100 \
   --json "$out/bench.json" > "$out/bench.log" 2>&1; echo "bench rc=$? $(( $(date +%s) - s ))s"
 s=$(date +%s)
-MINE_GPU_DUMPS=/tmp/gd timeout 45 python3 -m pytest -q -m gpu tests/test_capture_gpu.py -rA \
+MINE_GPU_DUMPS=/tmp/gd timeout 45 python3 -m pytest -q -m gpu tests/capture/test_capture_gpu.py -rA \
   > "$out/gpu_tests.log" 2>&1; echo "tests rc=$? $(( $(date +%s) - s ))s"
 python3 - > "$out/dump_check.txt" 2>&1 <<'PY'
 import json, pathlib

@@ -15,7 +15,7 @@ if [ "$what" = loop ]; then
     > "$out/machine.txt"
   pip install --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; exit 1; }
   export MINE_GPU_DUMPS=/tmp/gd
-  timeout 200 python -m pytest -p no:cacheprovider -m gpu tests/test_capture_gpu.py tests/test_capture_dispatch.py \
+  timeout 200 python -m pytest -p no:cacheprovider -m gpu tests/capture/test_capture_gpu.py tests/capture/test_capture_dispatch.py \
     -v -rA 2>&1 | tail -40 > "$out/gpu_tests.log"
   tail -3 "$out/gpu_tests.log"
   timeout 150 python benchmarks/bench_record_path.py --launches 20000 --repeats 5 --cpus 2,3 \

@@ -22,7 +22,7 @@ for cfg in modules_only filtered full; do
   head -c 1500 $b/dump_$cfg/pid*/launches.jsonl; echo; cat $b/dump_$cfg/pid*/meta.json | head -c 1500; echo
 done 2>&1 | tee "$out/smoke.log"
 export MINE_GPU_DUMPS=/tmp/gd
-timeout 300 python -m pytest -m gpu tests/test_capture_gpu.py -v -rA 2>&1 | tee "$out/gpu_tests.log" | tail -60
+timeout 300 python -m pytest -m gpu tests/capture/test_capture_gpu.py -v -rA 2>&1 | tee "$out/gpu_tests.log" | tail -60
 for d in probe torch; do [ -d /tmp/gd/$d ] && python -m capture.pack_fixture /tmp/gd/$d "$out/$d.tar.xz" --max-launches 2000; done
 (cd /tmp/gd && tar cJf "$out/truth.tar.xz" probe_truth.json probe_truth.json.child.json)
 timeout 240 python benchmarks/bench_capture.py --launches 100000 --repeats 3 --forwards 100 --json "$out/bench.json" 2>&1 | tail -40

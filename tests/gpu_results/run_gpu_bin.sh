@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } > "$out/machine.txt"
 pip install --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; exit 1; }
 export MINE_GPU_DUMPS=/tmp/gd
-timeout 400 python -m pytest -p no:cacheprovider -m gpu tests/test_capture_gpu.py -v -rA 2>&1 | tail -45 > "$out/gpu_tests.log"
+timeout 400 python -m pytest -p no:cacheprovider -m gpu tests/capture/test_capture_gpu.py -v -rA 2>&1 | tail -45 > "$out/gpu_tests.log"
 tail -25 "$out/gpu_tests.log"
 lib=$(python -c "from capture import launcher; print(launcher.find_library())")
 for conf in "" expandable_segments:True backend:cudaMallocAsync; do
