@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vocab.errors import DumpError
+
 MAGIC = 0x314C434D          # the bytes "MCL1", at +4 of every record
 HEADER = 112
 ATTR = 72                   # a raw CUlaunchAttribute: u32 id, 4 bytes padding, 64-byte value
@@ -341,9 +343,9 @@ class BinDump:
         folder = Path(folder)
         src = folder / LAUNCHES_BIN
         if not src.is_file():
-            raise ValueError(f"{folder}: no {LAUNCHES_BIN} in this folder")
+            raise DumpError(f"{folder}: no {LAUNCHES_BIN} in this folder")
         if not (folder / FUNCTIONS).is_file():
-            raise ValueError(f"{folder}: no {FUNCTIONS} (the parameter layouts the records need)")
+            raise DumpError(f"{folder}: no {FUNCTIONS} (the parameter layouts the records need)")
         self.data = src.read_bytes()
         self.offs, self.damaged = scan(self.data)
         self.h = headers(self.data, self.offs)

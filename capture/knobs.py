@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from vocab.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -82,30 +84,32 @@ def defaults() -> dict[str, str]:
 
 
 def check_value(env: str, value: str) -> str:
-    """Returns the value as the C library will read it; raises ValueError with one sentence."""
+    """Returns the value as the C library will read it; raises UsageError (a ValueError) with one
+    sentence."""
     knob = BY_ENV.get(env)
     if knob is None:
-        raise ValueError(f"{env} is not a capture knob; known: {', '.join(BY_ENV)}.")
+        raise UsageError(f"{env} is not a capture knob; known: {', '.join(BY_ENV)}.", value=env, limit=tuple(BY_ENV))
     value = str(value)
     if knob.kind == "uint" and not value.isdigit():
-        raise ValueError(f"{env} must be a non-negative integer, got {value!r}.")
+        raise UsageError(f"{env} must be a non-negative integer, got {value!r}.", value=value, limit=0)
     if knob.kind == "bool":
         if value.lower() in ("1", "true", "yes", "on"):
             return "1"
         if value.lower() in ("0", "false", "no", "off", ""):
             return "0"
-        raise ValueError(f"{env} must be 0 or 1, got {value!r}.")
+        raise UsageError(f"{env} must be 0 or 1, got {value!r}.", value=value, limit=("0", "1"))
     if knob.kind == "choice":
         if value.lower() not in knob.choices:
-            raise ValueError(f"{env} must be one of {', '.join(knob.choices)}, got {value!r}.")
+            raise UsageError(f"{env} must be one of {', '.join(knob.choices)}, got {value!r}.", value=value,
+                             limit=knob.choices)
         return value.lower()
     if knob.kind == "regex" and value:
         try:
             re.compile(value)
         except re.error as exc:
-            raise ValueError(f"{env} is not a valid regular expression ({exc}).") from None
+            raise UsageError(f"{env} is not a valid regular expression ({exc}).", value=value) from None
     if knob.kind == "uint" and env == "MINE_CAPTURE_HOST_BYTES" and int(value) > 4096:
-        raise ValueError(f"{env} must be at most 4096, got {value}.")
+        raise UsageError(f"{env} must be at most 4096, got {value}.", value=int(value), limit=4096)
     return value
 
 

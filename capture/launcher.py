@@ -25,13 +25,14 @@ import numpy as np
 
 from capture import binfmt
 from capture import knobs as K
+from vocab.errors import MineError
 
 PKG_DIR = Path(__file__).resolve().parent
 SYMBOL_RE = re.compile(r'"symbol":"((?:[^"\\]|\\.)*)"')
 FN_RE = re.compile(r'"fn":(\d+)')
 
 
-class CaptureInputError(ValueError):
+class CaptureInputError(MineError, ValueError):
     """A bad command line: missing command, command not found, output folder is a file."""
 
 

@@ -33,12 +33,17 @@ import struct
 from typing import Any, Callable, Iterable
 
 from vocab.dumps import pretty
+from vocab.errors import MineError
 from vocab.wire import param_direction
 
 FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
 
-class CutRefused(ValueError):
+class NoSuchCall(MineError, LookupError):
+    """A cut point names no call of the batch programs (an unknown label, a negative index)."""
+
+
+class CutRefused(MineError, ValueError):
     """The manifest cannot be cut where asked; `reasons` lists why."""
 
     def __init__(self, reasons: list[str]):
@@ -307,10 +312,11 @@ def resolve_labels(manifest: dict, labels: list[str]) -> list[int]:
             out.append(int(label))
             continue
         if str(label).startswith("-") and str(label)[1:].isdigit():
-            raise LookupError(f"cut index {label} is negative; give a call index of at least 1 or a call label")
+            raise NoSuchCall(f"cut index {label} is negative; give a call index of at least 1 or a call label",
+                             value=label, limit=1)
         found = [i for p in _driven(manifest) for i, c in enumerate(manifest["programs"][p]["calls"])
                  if c.get("label") == label]
         if not found:
-            raise LookupError(f"no call labelled `{label}` in the batch programs")
+            raise NoSuchCall(f"no call labelled `{label}` in the batch programs", value=label)
         out.append(min(found))
     return out

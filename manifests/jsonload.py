@@ -19,12 +19,14 @@ import os
 import re
 from pathlib import Path
 
+from vocab.errors import MineError
+
 # kern's largest published manifests are ~17 MB; 256 MiB leaves room without reading garbage forever.
 MAX_BYTES = 256 * 1024 * 1024
 SNIFF_BYTES = 4096
 
 
-class ManifestReadError(ValueError):
+class ManifestReadError(MineError, ValueError):
     """The input is not a readable JSON manifest document."""
 
 

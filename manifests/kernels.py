@@ -19,7 +19,8 @@ Contract:
                                       a matching param layout; every module a manifest under
                                       manifests/ names is pinned. Returns Diagnostics (rule `kernels.*`).
   build_table(table, out_dir)         compiles the source modules with the nvcc on PATH and reports
-                                      each hash against its pin (nvcc 13 output is byte-stable).
+                                      each hash against its pin (nvcc 13 output is byte-stable);
+                                      `build_module` does one module (`find_nvcc` finds nvcc).
 Loading touches no file but kernels.toml itself.
 """
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocab.errors import MineError
 from vocab.expr import ExprError, constants_positive, from_wire
 from vocab.wire import is_canonical_param_type
 
@@ -46,11 +48,11 @@ UPSTREAM_KEYS = {"project", "version", "where", "note"}
 ENTRY_KEYS = {"params", "block", "grid", "shared_mem"}
 
 
-class KernelsTomlError(ValueError):
+class KernelsTomlError(MineError, ValueError):
     """kernels.toml is malformed; the message lists every problem."""
 
 
-class MissingKernel(LookupError):
+class MissingKernel(MineError, LookupError):
     """A generator asked for a module or entry that kernels.toml does not pin."""
 
 
@@ -259,7 +261,7 @@ def load_kernels(path: str | Path) -> KernelTable:
     return KernelTable(path.parent, modules)
 
 
-class NvccMissing(OSError):
+class NvccMissing(MineError, OSError):
     """`mine kernels build` needs nvcc on PATH."""
 
 
@@ -338,20 +340,29 @@ def nvcc_command(table: KernelTable, mod: Module, out: Path, nvcc: str = "nvcc")
     return [nvcc, "-cubin", f"-arch={mod.arch}", *defines, "-o", str(out), str(table.root / mod.source)]
 
 
-def build_table(table: KernelTable, out_dir: str | Path, nvcc: str = "nvcc") -> list[Built]:
+def find_nvcc(nvcc: str = "nvcc") -> str:
+    """The nvcc executable on PATH; NvccMissing (one sentence) when there is none."""
     exe = shutil.which(nvcc)
     if exe is None:
         raise NvccMissing(f"`{nvcc}` is not on PATH; install the CUDA toolkit to build kernels")
+    return exe
+
+
+def build_module(table: KernelTable, name: str, target: str | Path, nvcc: str) -> Built:
+    """Compile the `source` module `name` into `target` with the nvcc at `nvcc` (`find_nvcc`) and
+    hash the cubin against its pin. A failing nvcc is an OSError naming the module."""
+    mod = table.module(name)
+    target = Path(target)
+    proc = subprocess.run(nvcc_command(table, mod, target, nvcc), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise OSError(f"nvcc failed on module `{mod.name}`: {proc.stderr.strip().splitlines()[-1:]}")
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    return Built(mod.name, target, digest, digest == mod.sha256)
+
+
+def build_table(table: KernelTable, out_dir: str | Path, nvcc: str = "nvcc") -> list[Built]:
+    exe = find_nvcc(nvcc)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    for mod in table.modules.values():
-        if not mod.source:
-            continue
-        target = out_dir / f"{mod.name}.cubin"
-        proc = subprocess.run(nvcc_command(table, mod, target, exe), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise OSError(f"nvcc failed on module `{mod.name}`: {proc.stderr.strip().splitlines()[-1:]}")
-        digest = hashlib.sha256(target.read_bytes()).hexdigest()
-        results.append(Built(mod.name, target, digest, digest == mod.sha256))
-    return results
+    return [build_module(table, mod.name, out_dir / f"{mod.name}.cubin", exe)
+            for mod in table.modules.values() if mod.source]

@@ -32,6 +32,8 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from vocab.errors import MineError
+
 EIATTR_MAX_THREADS = 0x05
 EIATTR_PARAM_CBANK = 0x0A
 EIATTR_KPARAM_INFO = 0x17
@@ -41,7 +43,7 @@ EIATTR_REGCOUNT = 0x2F
 _FMT_NVAL, _FMT_BVAL, _FMT_HVAL, _FMT_SVAL = 1, 2, 3, 4
 
 
-class CubinError(ValueError):
+class CubinError(MineError, ValueError):
     """A file handed to the ABI reader is not a readable cubin."""
 
 

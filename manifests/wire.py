@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import field
 from typing import Any
 
+from vocab.errors import MineError
 from vocab.wire import (  # noqa: F401  (re-exported: the reader's vocabulary)
     AXES,
     DTYPE_BYTES,
@@ -37,7 +38,7 @@ MAX_DEPTH = 127
 F64_MAX = 1.7976931348623157e308
 
 
-class ModelError(ValueError):
+class ModelError(MineError, ValueError):
     """The JSON does not have the shape of a schema_version 7 manifest.
 
     `path` is where, `fact` what. `fatal` marks a fault kern finds while reading the whole

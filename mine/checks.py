@@ -17,7 +17,8 @@ commands call these first:
   files of an earlier run it does not write again (a stale `stage2.json` of another cut) and
   never a file it did not write itself.
 
-Every refusal is a `UsageError` (a ValueError): `mine.cli` prints it as one sentence, exit 2.
+Every refusal is a `UsageError` (`vocab.errors`, a MineError): `mine.cli` prints it as one
+sentence, exit 2.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
 
+from vocab.errors import MineError, UsageError
+
 WRITTEN = ".mine-written"
-
-
-class UsageError(ValueError):
-    """Input or output paths the user got wrong (one sentence)."""
 
 
 def read_manifest(path: Path) -> dict:
@@ -101,17 +100,14 @@ class OutFolder:
     folder (an analysis written there before): nothing is removed that this tool did not record;
     `path` refuses to hand it out as an output and `finish` never removes it. `path(rel)` records
     what this run writes; `finish()` writes the record and, with `force`, removes the files the
-    previous run recorded that this one did not write."""
+    previous run recorded that this one did not write. (A library caller's own folder, unchecked
+    and unrecorded, is `generators.folder.PlainFolder`.)"""
 
     def __init__(self, out: Path, force: bool = False, inputs: Iterable[Optional[Path]] = (),
-                 flag: str = "--out", checked: bool = True):
+                 flag: str = "--out"):
         self.root = Path(out)
         self.force = force
         self.written: list[str] = []
-        self.checked = checked
-        if not checked:  # a library caller's own folder: written into as asked, nothing recorded
-            self.inputs, self.earlier = [], []
-            return
         self.flag = flag
         self.inputs = [(g, _resolved(g)) for g in inputs if g is not None]
         r = _resolved(self.root)
@@ -151,8 +147,6 @@ class OutFolder:
         """Record what this run wrote; remove what the earlier run wrote and this one did not.
         Returns the removed names."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if not self.checked:
-            return []
         removed = []
         root = _resolved(self.root)
         keep = {src for _, src in self.inputs}
@@ -184,7 +178,7 @@ def archive_named(path: Optional[Path]):
     cache = re.compile(r"[^\s'\"`]*\.mine-cache/" + re.escape(Path(path).name) + r"-\d+-\d+(\.partial)?/?")
     try:
         yield
-    except (OSError, ValueError, LookupError) as exc:
+    except (MineError, OSError) as exc:
         text = str(exc)
         if not cache.search(text):
             raise

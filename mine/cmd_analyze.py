@@ -14,6 +14,8 @@ from typing import Optional
 
 import typer
 
+from vocab.errors import UsageError
+
 
 def analyze_cmd(
     path: Path = typer.Argument(..., help="pid<N>/ folder, dump folder (or its .tar.xz), launches.jsonl or launches.bin [.gz|.xz|.zst]"),
@@ -45,7 +47,7 @@ def analyze_cmd(
 
     sections = report.parse_sections(section)
     if gap_ms is not None and not gap_ms > 0:
-        raise ValueError(f"--gap-ms must be more than 0 ms, got {gap_ms:g}")
+        raise UsageError(f"--gap-ms must be more than 0 ms, got {gap_ms:g}")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture

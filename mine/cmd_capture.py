@@ -1,18 +1,32 @@
 """`mine capture [OPTIONS] -- CMD ARGS...`: run CMD with the capture library injected.
 
-A thin layer over `capture.launcher`; the exit code is CMD's. Defaults: binary launch records
-through the mmap writer, the cheapest capture measured on the H200 (docs/benchmarks.md, "Capture
-overhead"); the library's own defaults (a bare CUDA_INJECTION64_PATH) stay json + write. Bad input (no `--`, no command,
-command not found, output folder that is a file) is one sentence and exit code 2.
+A thin layer over `capture.launcher.run_capture`; the exit code is CMD's. Defaults: binary launch
+records through the mmap writer, the cheapest capture measured on the H200 (docs/benchmarks.md,
+"Capture overhead"); the library's own defaults (a bare CUDA_INJECTION64_PATH) stay json + write.
+Bad input (no `--`, no command, command not found, output folder that is a file) is one sentence
+and exit code 2. Whether CMD came after `--` is read from the command's own arguments as click
+parses them (`AfterDashDash`), never from `sys.argv`, so `mine.cli.main(argv)` behaves as the
+installed `mine` does.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
 import typer
+from typer.core import TyperCommand
+
+DASHDASH = "mine.capture.dashdash"  # ctx.meta key: the command line holds `--`
+
+
+class AfterDashDash(TyperCommand):
+    """The capture command: records whether its arguments hold `--` before click drops it (the
+    command to run must follow it; without it `mine capture python x.py` would read as options)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta[DASHDASH] = "--" in args
+        return super().parse_args(ctx, args)
 
 
 def capture(
@@ -43,13 +57,11 @@ def capture(
     """
     from capture import launcher
 
-    argv = sys.argv
-    if "--" not in argv:
+    if not ctx.meta.get(DASHDASH):
         raise launcher.CaptureInputError(
             "put the command after `--`: mine capture [OPTIONS] -- CMD [ARGS...].")
-    cmd = list(ctx.args)
     code, summaries = launcher.run_capture(
-        cmd, out, include=include, exclude=exclude, max_launches=max_launches, max_bytes=max_bytes,
+        list(ctx.args), out, include=include, exclude=exclude, max_launches=max_launches, max_bytes=max_bytes,
         skip=skip, modules_only=1 if modules_only else None, host_bytes=host_bytes,
         format=fmt, writer=writer)
     launcher.render(summaries)
@@ -59,6 +71,7 @@ def capture(
 def register(app: typer.Typer) -> None:
     app.command(
         "capture",
+        cls=AfterDashDash,
         options_metavar="[OPTIONS] -- CMD [ARGS]...",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(capture)

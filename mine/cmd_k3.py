@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from vocab.errors import UsageError
+
 k3_app = typer.Typer(help="Inspect Kimi-K3 manifests (no GPU).", no_args_is_help=True)
 
 
@@ -32,9 +34,9 @@ def memory(manifest: Path = typer.Argument(..., help="Manifest JSON (verified fi
     from generators.k3.memory import GIB, rank_memory
 
     if not hbm > 0:
-        raise ValueError(f"--hbm must be more than 0 GiB, got {hbm}")
+        raise UsageError(f"--hbm must be more than 0 GiB, got {hbm}")
     if not 0 <= reserve < hbm:
-        raise ValueError(f"--reserve must be at least 0 and less than --hbm ({hbm} GiB), got {reserve}")
+        raise UsageError(f"--reserve must be at least 0 and less than --hbm ({hbm} GiB), got {reserve}")
 
     r = rank_memory(_load(manifest), hbm, reserve)
     for kind, n in r["by_kind"].items():

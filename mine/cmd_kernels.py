@@ -16,6 +16,8 @@ from typing import List, Optional
 
 import typer
 
+from vocab.errors import UsageError
+
 # The manifests modules (pyelftools, the toml reader) are imported inside each command: the CLI
 # registers every command at start-up, and `mine capture` on a bare GPU host must not need them.
 
@@ -106,7 +108,7 @@ def abi(manifest: Path = typer.Argument(..., help="Manifest JSON (verified first
     """
     folder = pick(cubins, kernels)
     if folder is None:
-        raise ValueError("missing option --cubins: the folder holding the manifest's cubins")
+        raise UsageError("missing option --cubins: the folder holding the manifest's cubins")
     if not folder.is_dir():
         raise NotADirectoryError(f"--cubins {folder} is not a folder")
     from manifests.abi import check_abi
@@ -114,7 +116,7 @@ def abi(manifest: Path = typer.Argument(..., help="Manifest JSON (verified first
 
     doc = read_manifest(manifest)
     if not doc.get("modules"):
-        raise ValueError(f"{manifest}: declares no modules, so there is no launch to check")
+        raise UsageError(f"{manifest}: declares no modules, so there is no launch to check")
     _report(check_abi(doc, folder), "every kernel launch fits its cubin")
 
 

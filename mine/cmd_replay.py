@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import typer
 
+from vocab.errors import UsageError
+
 
 def _forward_seqs(dump, forward: int) -> list[int]:
     from mining.analyze import analyze, document
@@ -23,8 +25,8 @@ def _forward_seqs(dump, forward: int) -> list[int]:
     for f in doc.passes.forwards:
         if f.forward == forward:
             return [s for first, n in f.seqs for s in range(first, first + n)]
-    raise LookupError(f"{dump.source}: the analysis finds no forward {forward} "
-                      f"(it has {len(doc.passes.forwards)}, numbered from 0)")
+    raise UsageError(f"{dump.source}: the analysis finds no forward {forward} "
+                     f"(it has {len(doc.passes.forwards)}, numbered from 0)")
 
 
 def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit: int) -> list[int]:
@@ -35,21 +37,21 @@ def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit:
         known = set(L["seq"].tolist())
         bad = [s for s in seq if s not in known]
         if bad:
-            raise LookupError(f"{dump.source}: no launch record with seq {bad[0]}")
+            raise UsageError(f"{dump.source}: no launch record with seq {bad[0]}")
         return list(seq)
     if kernel:
         try:
             rx = re.compile(kernel)
         except re.error as exc:
-            raise ValueError(f"--kernel {kernel!r} is not a regular expression ({exc})") from None
+            raise UsageError(f"--kernel {kernel!r} is not a regular expression ({exc})") from None
         names = dict(zip(L["seq"].tolist(), (L["symbol"].astype(str) + " " + L["name"].astype(str)).tolist()))
         pool = [s for s in pool if rx.search(names.get(s, ""))]
         if not pool:
-            raise LookupError(f"{dump.source}: no launch{' of that forward' if forward is not None else ''} "
-                              f"matches --kernel {kernel!r}")
+            raise UsageError(f"{dump.source}: no launch{' of that forward' if forward is not None else ''} "
+                             f"matches --kernel {kernel!r}")
         return pool[:limit]
     if forward is None:
-        raise ValueError("say which launches: --seq N, --kernel REGEX or --forward F")
+        raise UsageError("say which launches: --seq N, --kernel REGEX or --forward F")
     return pool
 
 
@@ -86,9 +88,9 @@ def replay_cmd(
     for out in (json_out, flow_out):
         if out is not None and (out.resolve() == dump_path.resolve() or
                                 (analysis is not None and out.resolve() == analysis.resolve())):
-            raise ValueError(f"{out}: an output may not be one of the inputs")
+            raise UsageError(f"{out}: an output may not be one of the inputs")
     if analysis is not None and flow_out is None:
-        raise ValueError("--analysis is read for --flow-out; give --flow-out OUT.json too")
+        raise UsageError("--analysis is read for --flow-out; give --flow-out OUT.json too")
     Gpu().close()    # no GPU: say so before any work (the replays run in worker processes)
     dump = load_dump(dump_path, pid=pid)
     seqs = select(dump, seq, kernel, forward, limit)
@@ -105,13 +107,13 @@ def replay_cmd(
 
 def with_flow(dump, results, analysis: Path | None):
     """The analysis (read from `analysis`, or computed) with its flow section from `results`."""
-    from mine.cmd_gen_qwen3 import read_analysis
+    from mining.contract import read_analysis
     from replay.sites import flow_words
 
     if analysis is not None:
         doc = read_analysis(analysis)
         if doc.source.launches != len(dump.launches):
-            raise ValueError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
+            raise UsageError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
                              f"this dump has {len(dump.launches)})")
     else:
         from mining.analyze import analyze, document

@@ -17,7 +17,7 @@ def _paint(color: bool, code: str, text: str) -> str:
 
 def report(paths, color: bool = False) -> tuple[str, int]:
     """(text, exit code) for these manifest files: 0 all verified, 1 one rejected. Every file is
-    read first: an unreadable one raises OSError / ValueError (exit 2 in the CLI) even among
+    read first: an unreadable one raises OSError / a MineError (exit 2 in the CLI) even among
     good ones."""
     from manifests.verify import verify_file
 
@@ -39,10 +39,19 @@ def handles(argv: list[str]) -> bool:
 
 
 def run(argv: list[str]) -> int:
+    """`mine verify PATH...` as `mine.cli.main` would answer it: bad input (a MineError, an
+    unreadable file) is one sentence and 2; anything else is a bug, shown as one (exit 70)."""
+    from vocab.errors import MineError
+
     try:
         text, code = report(argv[1:], color=sys.stdout.isatty())
-    except (OSError, ValueError, LookupError) as exc:
+    except (MineError, OSError) as exc:
         sys.stderr.write(f"mine: error: {exc}\n")
         return 2
+    except Exception as exc:  # noqa: BLE001 - a bug: its traceback, never a bad-input sentence
+        from mine.cli import INTERNAL_ERROR, internal_error
+
+        internal_error(exc)
+        return INTERNAL_ERROR
     sys.stdout.write(text)
     return code

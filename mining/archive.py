@@ -13,10 +13,12 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from vocab.errors import MineError
+
 SUFFIXES = (".tar", ".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar.bz2", ".tar.zst")
 
 
-class ArchiveError(ValueError):
+class ArchiveError(MineError, ValueError):
     """The archive cannot be read or holds a member that would escape its folder."""
 
 

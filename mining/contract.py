@@ -4,14 +4,14 @@ Why: a generator that re-mines the dump with rules of its own would never see a 
 this is the one result the stages after mining read (`mine gen qwen3 --analysis FILE`, the
 notebook), so it is declared here once, as dataclasses, with a strict JSON round trip:
 `AnalysisDoc.to_json()` gives plain JSON types (no NaN: a missing number is null) and
-`from_json(obj)` rebuilds the same records, refusing a schema_version it does not know, an
-unknown or missing key and a value of the wrong type with one `AnalysisError` that names the
-JSON path. docs/analysis-json.md documents every field; `mining/analyze.py` builds the
-document from the frames (`document(analysis)`).
+`from_json(obj)` (`read_analysis(path)` for a file) rebuilds the same records, refusing a
+schema_version it does not know, an unknown or missing key and a value of the wrong type with one
+`AnalysisError` that names the JSON path. docs/analysis-json.md documents every field;
+`mining/analyze.py` builds the document from the frames (`document(analysis)`).
 
-This module imports nothing but the standard library, so a later stage can read an analysis
-without pandas. Not checked here: cross-references (a fit's site existing in `sites`), which
-the builder guarantees and the tests assert.
+This module imports nothing but the standard library and `vocab.errors`, so a later stage can
+read an analysis without pandas. Not checked here: cross-references (a fit's site existing in
+`sites`), which the builder guarantees and the tests assert.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from vocab.errors import MineError
+
 ANALYSIS_SCHEMA_VERSION = 3
 SITE_SEP = "#"             # a call site is named symbol + SITE_SEP + occurrence in its forward
 
@@ -31,7 +33,7 @@ def site_name(symbol: str, occ: int) -> str:
     return f"{symbol}{SITE_SEP}{occ}"
 
 
-class AnalysisError(ValueError):
+class AnalysisError(MineError, ValueError):
     """An analysis JSON this reader cannot take: names the JSON path and what is wrong there."""
 
 
@@ -398,3 +400,21 @@ def from_json(obj) -> AnalysisDoc:
         raise AnalysisError(f"analysis: schema_version {ver!r} is not the supported "
                             f"{ANALYSIS_SCHEMA_VERSION} (re-run `mine analyze` to refresh it)")
     return _load(AnalysisDoc, obj, "analysis")
+
+
+def read_analysis(path) -> AnalysisDoc:
+    """The AnalysisDoc in the file `path` (as `mine analyze --json` wrote it); AnalysisError, one
+    sentence naming the file, when it cannot be read, is not JSON or is not an analysis."""
+    import json
+    from pathlib import Path
+
+    try:
+        obj = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise AnalysisError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise AnalysisError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return from_json(obj)
+    except AnalysisError as exc:
+        raise AnalysisError(f"{path}: {exc}") from None

@@ -1,10 +1,10 @@
 """The one exception the dump readers raise (`mining/load.py` and the modules it reads with).
 
 Why a module of its own: `load.py` (paths, meta, the facade) and `jsonl.py` (reading the launch
-file) both refuse input with it, and `load.py` imports `jsonl.py`; defined here, neither imports
+file) both refuse input with it, and `load.py` imports `jsonl.py`; named here, neither imports
 the other for it. `mining.load.DumpError` is the same class (re-exported), the name callers use.
+The class itself is `vocab.errors.DumpError`, a `MineError`: the capture side's binary reader
+(`capture/binfmt.py`) refuses a dump with the same class.
 """
 
-
-class DumpError(ValueError):
-    """A dump that cannot be read; the message is one sentence naming the path."""
+from vocab.errors import DumpError  # noqa: F401  (re-exported)

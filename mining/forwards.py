@@ -32,6 +32,7 @@ import pandas as pd
 from mining import steps
 from mining.graphs import Executed, executed as executed_stream, read_graphs
 from mining.passes import GAP_FLOOR_NS, Passes, _repair, gap_threshold, split_windows
+from vocab.errors import UsageError
 
 
 def kernel_identity(launches: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
@@ -105,7 +106,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     if graphs is None:
         graphs = read_graphs(folder, notes) if folder is not None else read_graphs(".", None).iloc[0:0]
     if gap_ms is not None and gap_ms <= 0:
-        raise ValueError(f"gap_ms must be positive, got {gap_ms}")
+        raise UsageError(f"gap_ms must be positive, got {gap_ms}", value=gap_ms, limit=0)
     ex: Executed = executed_stream(launches, graphs)
     notes += ex.notes
     E = ex.frame

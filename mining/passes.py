@@ -40,6 +40,8 @@ from functools import reduce
 import numpy as np
 import pandas as pd
 
+from vocab.errors import UsageError
+
 GAP_FLOOR_NS = 2_000_000
 EDGE = 3  # how far from a boundary a jittered launch may sit
 
@@ -154,7 +156,7 @@ def split_passes(launches: pd.DataFrame, gap_ms: float | None = None,
     notes: list[str] = []
     gap_ns = int(gap_ms * 1e6) if gap_ms is not None else gap_threshold(t_ns)
     if gap_ms is not None and gap_ms <= 0:
-        raise ValueError(f"gap_ms must be positive, got {gap_ms}")
+        raise UsageError(f"gap_ms must be positive, got {gap_ms}", value=gap_ms, limit=0)
     window = split_windows(t_ns, gap_ns)
     sym = launches["symbol"]
     codes = sym.cat.codes.to_numpy().astype(np.int64)
@@ -167,8 +169,8 @@ def split_passes(launches: pd.DataFrame, gap_ms: float | None = None,
     opener = int(pd.Series(codes[starts][per_win.reindex(window[starts]).to_numpy() > 0]).mode()[0])
     if per_forward is not None:
         if per_forward < 1 or any(c % per_forward for c in counts):
-            raise ValueError(f"per_forward={per_forward} does not divide the core kernel's "
-                             f"per-window counts {counts}")
+            raise UsageError(f"per_forward={per_forward} does not divide the core kernel's "
+                             f"per-window counts {counts}", value=per_forward, limit=counts)
         choices = [per_forward]
     else:
         choices = _divisors(g) if g else [1]

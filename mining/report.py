@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from vocab.errors import UsageError
+
 SECTIONS = ("forwards", "layers", "strides", "pointers", "fits", "failures", "partial", "layout", "names")
 DEFAULT = ("forwards", "layers")
 # kernel families whose many tile/variant kernels read as one name (GEMM libraries)
@@ -340,8 +342,8 @@ def parse_sections(text: str | None) -> tuple[str, ...]:
     got = tuple(x.strip() for x in text.split(",") if x.strip())
     bad = [x for x in got if x not in SECTIONS]
     if bad or not got:
-        raise ValueError(f"--section {text!r}: unknown section {bad[0] if bad else '(none)'}; "
-                         f"choose from {', '.join(SECTIONS)}")
+        raise UsageError(f"--section {text!r}: unknown section {bad[0] if bad else '(none)'}; "
+                         f"choose from {', '.join(SECTIONS)}", value=text, limit=SECTIONS)
     return got
 
 

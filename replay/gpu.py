@@ -17,10 +17,12 @@ import struct
 
 import numpy as np
 
+from vocab.errors import MineError
+
 L2_FLUSH_BYTES = 256 << 20     # written between timed launches: more than the H200's 60 MB L2
 
 
-class CudaError(RuntimeError):
+class CudaError(MineError, RuntimeError):
     """A driver call failed: `call`, `name` (CUDA_ERROR_...), and whether the context is lost."""
 
     def __init__(self, call: str, name: str, sticky: bool):
@@ -28,7 +30,7 @@ class CudaError(RuntimeError):
         self.call, self.name, self.sticky = call, name, sticky
 
 
-class NoGpu(OSError):
+class NoGpu(MineError, OSError):
     """No CUDA driver or device here; one sentence."""
 
 

@@ -33,13 +33,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vocab.errors import MineError
+
 REGION_ALIGN = 1 << 16
 MAX_REGION = 4 << 20           # bytes past the highest used offset of a truncated allocation
 MAX_TOTAL = 24 << 30           # all regions of one launch together
 ADDRESS_LO, ADDRESS_HI = 1 << 32, 1 << 47   # where x86-64 user-space pointers of a CUDA process live
 
 
-class PlanError(ValueError):
+class PlanError(MineError, ValueError):
     """The dump cannot give a runnable plan for this launch: one sentence saying why."""
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from vocab.errors import MineError
 from vocab.wire import U64_MAX
 
 OPS = ("ceil_div", "mul", "add")
@@ -39,11 +40,11 @@ class Expr:
     b: Any
 
 
-class EvalError(ValueError):
+class EvalError(MineError, ValueError):
     """An expression has no value at the given var assignment."""
 
 
-class ExprError(ValueError):
+class ExprError(MineError, ValueError):
     """A JSON or text value is not an expression of the closed set."""
 
 

@@ -8,37 +8,15 @@ must add up to the buffer's bytes. No weight byte is read; data offsets are not 
 
 from __future__ import annotations
 
-import json
-import struct
 from math import prod
 from pathlib import Path
+
+from generators.safetensors import CheckpointError, read_header  # noqa: F401  (re-exported)
 
 from .memory import DTYPE_BYTES, buffer_bytes
 
 ST_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8e4m3", "F8_E8M0": "fp8e8m0",
              "I8": "i8", "I32": "i32", "U32": "u32", "I64": "i64", "U64": "u64", "U8": "u8"}
-MAX_HEADER = 1 << 30
-
-
-class CheckpointError(OSError):
-    """A checkpoint directory or a safetensors header that cannot be read."""
-
-
-def read_header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise CheckpointError(f"{path.name}: shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", raw)
-        if n > MAX_HEADER:
-            raise CheckpointError(f"{path.name}: header length {n} is not plausible")
-        text = f.read(n)
-    try:
-        header = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{path.name}: the safetensors header is not JSON") from None
-    header.pop("__metadata__", None)
-    return header
 
 
 def read_checkpoint(directory: str | Path) -> dict:

@@ -16,6 +16,7 @@ from importlib import resources
 import jinja2
 
 from vocab.dumps import dumps  # noqa: F401  (re-exported: the commands write with it)
+from vocab.errors import MineError
 from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION
 
 from . import GENERATOR, VERSION
@@ -27,7 +28,7 @@ EXTERNS = {op: (entry, list(EXTERN_PARAMS[entry])) for op, entry in (
     ("allgather", "extern:nccl_allgather_f32"))}
 
 
-class UnpinnedKernel(LookupError):
+class UnpinnedKernel(MineError, LookupError):
     """An op launches a kernel that kernels.toml does not pin."""
 
 

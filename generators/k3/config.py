@@ -12,9 +12,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A K3 config.json is missing a key or holds an impossible value."""
+from vocab.errors import ConfigError  # noqa: F401  (re-exported: callers catch it from here)
 
 
 @dataclass(frozen=True)
@@ -159,6 +157,8 @@ def load(path: str | Path | None = None) -> K3:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not JSON (not UTF-8 text)") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: a K3 config is a JSON object")
     return _from_dict(raw, str(p))

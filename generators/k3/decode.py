@@ -19,6 +19,8 @@ the plain form stops with `build.UnpinnedKernel` naming it until one is added.
 
 from __future__ import annotations
 
+from vocab.errors import UsageError
+
 from . import layout, ops
 from .build import Builder, render, stamp
 from .config import K3
@@ -33,9 +35,10 @@ def generate(c: K3, kernels, experts: int = 896, tp: int = 8, max_ctx: int = 262
     ckpt = c.checkpoint(experts)
     heads = c.num_attention_heads
     if tp < 2 or heads % tp or experts % tp or c.intermediate_size % tp or c.shared_intermediate_size % tp:
-        raise ValueError(f"--tp {tp} must be at least 2 and divide the {heads} heads and {experts} experts")
+        raise UsageError(f"--tp {tp} must be at least 2 and divide the {heads} heads and {experts} experts",
+                         value=tp, limit=(heads, experts))
     if max_ctx < 1 or seqs < 1:
-        raise ValueError("--max-ctx and the sequence count must be positive")
+        raise UsageError("--max-ctx and the sequence count must be positive", value=(max_ctx, seqs), limit=1)
     inner, H = c.inner // tp, c.hidden_size
     b = Builder(stamp(f"{ckpt}/{c.num_hidden_layers}l/tp{tp}" + ("-dcp" if dcp else "")), kernels, {"rows": T})
     b.m["topology"] = {"groups": {"tp": tp}}

@@ -7,6 +7,8 @@ Expert weights: MXFP4 packed (two e2m1 per byte) plus one UE8M0 scale per `mxfp_
 
 from __future__ import annotations
 
+from vocab.errors import UsageError
+
 from .config import K3
 
 BF16, F32 = 2, 4
@@ -83,5 +85,6 @@ def stage_bounds(c: K3, stages: int) -> list[tuple[int, int]]:
     per = -(-c.num_hidden_layers // stages)
     out = [(a, min(a + per, c.num_hidden_layers)) for a in range(0, c.num_hidden_layers, per)]
     if len(out) != stages:
-        raise ValueError(f"{c.num_hidden_layers} layers do not split into {stages} stages of {per}")
+        raise UsageError(f"{c.num_hidden_layers} layers do not split into {stages} stages of {per}",
+                         value=stages, limit=c.num_hidden_layers)
     return out

@@ -9,6 +9,8 @@ where the pipeline cut goes. Only the hidden stream (`hidden`) and the attention
 
 from __future__ import annotations
 
+from vocab.errors import UsageError
+
 from . import layout, ops
 from .build import Builder, render, stamp
 from .config import K3
@@ -67,7 +69,8 @@ def _fills(c: K3, experts: int) -> list[dict]:
 def generate(c: K3, kernels, experts: int = 896, chunk: int = 8192, pack: int = 16, max_ctx: int = 262144) -> dict:
     ckpt = c.checkpoint(experts)
     if chunk < 1 or pack < 1 or max_ctx < chunk:
-        raise ValueError(f"need chunk >= 1, pack >= 1 and max-ctx >= chunk (got {chunk}, {pack}, {max_ctx})")
+        raise UsageError(f"need chunk >= 1, pack >= 1 and max-ctx >= chunk (got {chunk}, {pack}, {max_ctx})",
+                         value=(chunk, pack, max_ctx))
     b = Builder(stamp(f"{ckpt}/{c.num_hidden_layers}l/ep1-prefill"), kernels, {"rows": T})
     b.var(T, chunk, "rows")
     b.var(S, pack, "groups")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from generators.safetensors import read_header
+
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
     u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
@@ -41,12 +43,6 @@ def write(path: Path, cfg, positions: int) -> Path:
     head += b" " * (-len(head) % 8)
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
     return path
-
-
-def read_header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        return {k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
 
 
 def checkpoint_problems(manifest: dict, files: list[Path]) -> list[str]:

@@ -10,9 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """config.json is missing, unreadable, or describes a model this generator does not build."""
+from vocab.errors import ConfigError  # noqa: F401  (re-exported: callers catch it from here)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ import numpy as np
 
 from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
 from mining.contract import AnalysisDoc, site_name
+from vocab.errors import MineError
 
 
-class WiringMismatch(ValueError):
+class WiringMismatch(MineError, ValueError):
     """The capture contradicts the wiring or structure the generator writes; names the call site."""
 
 
