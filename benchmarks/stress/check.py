@@ -14,8 +14,9 @@ Rules, per process the program reports:
   `launches_recorded` equals `launches` (no filter is set), the launch file reads exactly
   `launches_recorded` records, and no dump file has damage;
 - capture turned off: exactly one `capture off in pid <pid>` line on stderr, `launches` at most
-  the launches made, records read at most `launches_recorded`, at most `launches`; damage may only
-  be in the launch file (a record cut by the full filesystem);
+  the launches made, the launch file reads exactly `launches_recorded` records (a record the full
+  filesystem cut short is cut back off the file and not counted), at most `launches`; damage may
+  only be in the launch file (a record lost in its place, never counted);
 - either way meta.json carries its counters (the exit handler wrote them), and the dump loads
   (`mining.load.load_dump`), or is refused in one sentence when no launch was recorded.
 Run level: the program exited 0 (124: it hung and was killed), the exec'd child reported and
@@ -83,9 +84,9 @@ def check_process(dump_dir: Path, truth: dict, stderr: str) -> tuple[dict, list[
         if damaged:
             problems.append(f"pid {pid}: damage in {damaged} although capture stayed on")
     else:
-        if not (isinstance(n, int) and isinstance(rec, int) and read <= rec <= n <= truth["launches"]):
+        if not (isinstance(n, int) and isinstance(rec, int) and read == rec <= n <= truth["launches"]):
             problems.append(f"pid {pid}: read {read}, recorded {rec}, launches {n}, made {truth['launches']}: "
-                            f"not read <= recorded <= launches <= made")
+                            f"not read == recorded <= launches <= made")
         if [f for f in damaged if not f.startswith("launches")]:
             problems.append(f"pid {pid}: damage outside the launch file: {damaged}")
     return info, problems

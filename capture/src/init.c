@@ -180,58 +180,100 @@ static void json_devices(jb_t *b) {
   jb_lit(b, "]");
 }
 
+/* `,"argv":[...]` from /proc/self/cmdline (64 KB at most), read once and kept: later meta.json
+ * writes (the one at exit among them) need no file, no allocation and no large stack frame for it
+ * (a forked child has its parent's command line). Out of memory: an empty list, read again next time. */
+static char *argv_json;
+static size_t argv_json_n;
 static void json_argv(jb_t *b) {
-  char buf[65536];
-  jb_lit(b, ",\"argv\":[");
-  FILE *f = fopen("/proc/self/cmdline", "re");
-  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-  if (f) fclose(f);
-  buf[n] = 0;
-  for (size_t i = 0; i < n;) {
-    if (i) jb_lit(b, ",");
-    jb_str(b, buf + i);
-    i += strlen(buf + i) + 1;
+  if (!argv_json) {
+    jb_t raw = {0}, a = {0};
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && raw.n < (64u << 10) && jb_need(&raw, 4097) == 0) {
+      ssize_t k = read(fd, raw.p + raw.n, 4096);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;
+      raw.n += (size_t)k;
+    }
+    if (fd >= 0 && close(fd) != 0) mc_note_error(MC_FN_close, errno, 0);
+    jb_lit(&a, ",\"argv\":[");
+    if (!raw.bad && raw.p) {
+      raw.p[raw.n] = 0;   /* room kept by jb_need above */
+      for (size_t i = 0; i < raw.n;) {
+        if (i) jb_lit(&a, ",");
+        jb_str(&a, raw.p + i);
+        i += strlen(raw.p + i) + 1;
+      }
+    }
+    jb_lit(&a, "]");
+    free(raw.p);
+    if (raw.bad || a.bad) {
+      free(a.p);
+      jb_lit(b, ",\"argv\":[]");
+      return;
+    }
+    argv_json = a.p;
+    argv_json_n = a.n;
   }
-  jb_lit(b, "]");
+  jb_raw(b, argv_json, argv_json_n);
 }
 
-/* ---- meta.json on a full filesystem ----
- * Why: the counters are written at exit, when the dump's filesystem may be full (the launch
- * records filled it and turned capture off). While the process runs, pid<N>/.meta-reserve holds
- * 64 KB; a meta.json write that fails for want of space frees it and tries again; at exit it is
- * removed. */
-#define META_RESERVE (64 << 10)
-static const char *reserve_path(void) {
-  static char p[4400];
-  snprintf(p, sizeof p, "%s/.meta-reserve", mc_pid_dir());
-  return p;
+/* ---- meta.json on a full filesystem, or with no memory left ----
+ * Why: the counters are written at exit and `disabled` when capture turns off, often just when the
+ * dump's filesystem filled up (or the host's memory ran out). So meta.json always holds META_SLACK
+ * bytes more than its JSON needs (rounded up to 4 KB): the JSON, then spaces, then a newline (JSON
+ * allows trailing whitespace), and the buffer it is built in keeps that capacity. A write goes to a
+ * temporary file renamed over meta.json (a reader never sees half of one); when that fails (no
+ * room for a second copy), the same bytes overwrite meta.json in place, inside the blocks it
+ * already holds: the exit counters need neither new disk space nor new memory. (A copy-on-write
+ * filesystem needs new blocks even for that; a final JSON longer than the room only has the
+ * rename.) All of it under meta_lock. */
+#define META_SLACK (16u << 10)
+static jb_t meta_b;             /* the buffer meta.json is built in, kept */
+static size_t meta_room;        /* bytes meta.json of this process holds; 0: none written yet */
+static int meta_room_pid;
+static atomic_int meta_owner;   /* the thread writing meta.json: a disable inside that write (out
+                                   of memory) must not write it again (meta_lock is held); it
+                                   sets meta_again and the write is made once more after */
+static atomic_int meta_again;
+
+static int meta_put(int fd, const jb_t *b, size_t room) {
+  char sp[256];
+  memset(sp, ' ', sizeof sp);
+  for (size_t off = 0; off < room;) {   /* b, spaces, '\n' */
+    const char *p = off < b->n ? b->p + off : off + 1 < room ? sp : "\n";
+    size_t n = off < b->n ? b->n - off : off + 1 < room ? room - 1 - off : 1;
+    if (p == sp && n > sizeof sp) n = sizeof sp;
+    ssize_t w = pwrite(fd, p, n, (off_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 && errno ? errno : ENOSPC;
+    off += (size_t)w;
+  }
+  return 0;
 }
 
-static void meta_reserve(void) {
-  static int made_pid;
-  if (made_pid == mc_pid) return;
-  made_pid = mc_pid;
-  int fd = open(reserve_path(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return;   /* there already, or no room: nothing to keep */
-  static const char zero[4096];
-  for (int k = 0; k < META_RESERVE / 4096; k++)
-    if (write(fd, zero, sizeof zero) != (ssize_t)sizeof zero) break;
-  if (close(fd) != 0) mc_note_error(MC_FN_write, errno, 0);
-}
-
-/* meta.json from b (a temporary file renamed over it); 0, or the errno of what failed */
+/* meta.json from b; 0, or the errno of what failed */
 static int meta_file(const jb_t *b) {
-  char path[4400], tmp[4500];
+  static char path[4400], tmp[4500];
   snprintf(path, sizeof path, "%s/meta.json", mc_pid_dir());
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "we");
-  if (!f) return errno ? errno : EIO;
-  int ok = fwrite(b->p, 1, b->n, f) == b->n;
-  int e = ok ? 0 : (errno ? errno : EIO);
-  if (fclose(f) != 0 && !e) e = errno ? errno : EIO;
-  if (!e && rename(tmp, path) != 0) e = errno ? errno : EIO;
-  if (e) unlink(tmp);
-  return e;
+  if (meta_room_pid != mc_pid) meta_room = 0, meta_room_pid = mc_pid;
+  size_t room = b->n <= meta_room ? meta_room : (b->n + META_SLACK + 4095) / 4096 * 4096;
+  int e = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) e = errno ? errno : EIO;
+  else {
+    e = meta_put(fd, b, room);
+    if (close(fd) != 0 && !e) e = errno ? errno : EIO;
+    if (!e && rename(tmp, path) != 0) e = errno ? errno : EIO;
+    if (e) unlink(tmp);
+  }
+  if (!e) { meta_room = room; return 0; }
+  if (!meta_room || b->n > meta_room) return e;
+  fd = open(path, O_WRONLY | O_CLOEXEC);   /* in place, within what it holds */
+  if (fd < 0) return e;
+  int e2 = meta_put(fd, b, meta_room);
+  if (close(fd) != 0 && !e2) e2 = errno ? errno : EIO;
+  return e2 ? e : 0;
 }
 
 void mc_meta_write(int final) {
@@ -241,8 +283,13 @@ void mc_meta_write(int final) {
     CUcontext c = NULL;
     if (MC_CU(cuCtxGetCurrent, &c) == CUDA_SUCCESS && c) atomic_store(&devices_known, 1);
   }
+  int tid = (int)syscall(SYS_gettid);   /* (not mc_tid(): no TLS touched on the exit path) */
+  if (atomic_load(&meta_owner) == tid) { atomic_store(&meta_again, 1); return; }   /* see meta_owner */
   MC_LOCK(&meta_lock);
-  jb_t b = {0};
+  atomic_store(&meta_owner, tid);
+  jb_t b = meta_b;
+  b.n = 0;
+  b.bad = 0;
   jb_lit(&b, "{\"format_version\":1,\"pid\":"); jb_u64(&b, (uint64_t)mc_pid);
   jb_lit(&b, ",\"ppid\":"); jb_u64(&b, (uint64_t)getppid());
   json_argv(&b);
@@ -303,17 +350,26 @@ void mc_meta_write(int final) {
   }
   if (disabled_reason[0]) { jb_lit(&b, ",\"disabled\":"); jb_str(&b, disabled_reason); }
   jb_lit(&b, "}\n");
-  if (!b.bad) {   /* (out of memory: the choke point turned capture off; meta.json stays as it was) */
-    int e = meta_file(&b);
-    if (e == ENOSPC || e == EDQUOT) {   /* a full filesystem: the reserve makes room for the counters */
-      unlink(reserve_path());
-      e = meta_file(&b);
-    }
-    if (e) mc_note_error(MC_FN_write, e, 0);
-    else if (!final) meta_reserve();
+  /* out of memory: the choke point turned capture off; meta.json stays as it was */
+  int e = b.bad ? ENOMEM : meta_file(&b);
+  int none = e && (meta_room_pid != mc_pid || !meta_room);   /* this process has no meta.json */
+  if (e && !b.bad) {   /* counted; noted on stderr unless capture is (or is about to be) off for it */
+    if (none) atomic_fetch_add(&mc_cnt.errors[MC_FN_write], 1);
+    else mc_note_error(MC_FN_write, e, 0);
   }
-  free(b.p);
+  if (!e && b.n < meta_room) {   /* keep the capacity the next write may need */
+    size_t n = b.n;
+    b.n = 0;
+    if (jb_need(&b, meta_room) != 0) b.bad = 0;
+    b.n = n;
+  }
+  meta_b = b;
+  atomic_store(&meta_owner, 0);
   MC_UNLOCK(&meta_lock);
+  /* a dump without meta.json could never say what it holds: capture stops (writer.c then removes
+   * the empty folder) */
+  if (none && !final) mc_disable("cannot write %s/meta.json (%s)", mc_pid_dir(), strerror(e));
+  else if (atomic_exchange(&meta_again, 0)) mc_meta_write(1);
 }
 
 /* ---- exit and fork ---- */
@@ -326,7 +382,6 @@ static void at_exit(void) {
   mc_files_finalize();
   if (files_opened_pid == mc_pid && mc_pid_dir()[0]) {
     mc_meta_write(1);
-    unlink(reserve_path());   /* (absent when already spent) */
   }
 }
 
@@ -338,6 +393,8 @@ static void fork_child(void) {
   mc_pid = getpid();
   mc_ident_reset_after_fork();
   pthread_mutex_init(&meta_lock, NULL);
+  atomic_store(&meta_owner, 0);
+  atomic_store(&meta_again, 0);
   memset(&mc_cnt, 0, sizeof mc_cnt);
   mc_files_reset_after_fork();
   mc_layout_reset_after_fork();

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,7 +80,11 @@ typedef struct {
   _Alignas(16) uint64_t st[2];  /* mmap: st[0] bytes reserved (= end), st[1] next seq | SEALED */
   int fd, mapped;               /* mapped: this file uses the mmap writer */
   int final;                    /* sealed and truncated (under grow) */
+  int full;                     /* mmap: a record found no room; the file grows no more (under grow) */
   atomic_ullong size;           /* bytes fallocate granted; nobody touches a byte past it */
+  atomic_ullong cut;            /* mmap: offset of the first record that could not be written (the
+                                   file is cut there at exit); UINT64_MAX: none */
+  uint64_t end;                 /* write writer: bytes of whole records in the file (under lock) */
   pthread_mutex_t grow;         /* fallocate, window mapping, seal */
   pthread_mutex_t lock;         /* write writer; mmap after the seal; reservation off x86-64 */
   int64_t seq;                  /* write writer */
@@ -98,6 +103,8 @@ static pthread_mutex_t helper_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t helper_cond = PTHREAD_COND_INITIALIZER;
 static int helper_work, helper_on;
 static int files_pid;               /* the process the open files belong to */
+static uint64_t fsize_max;          /* RLIMIT_FSIZE at open (0: none): a write past it would raise
+                                       SIGXFSZ in the host, so the writers stop short of it */
 
 /* ---- the allocation choke point (mc.h) ---- */
 void *(*mc_sys_realloc)(void *, size_t) = realloc;
@@ -206,6 +213,10 @@ void jb_hex(jb_t *b, const void *p, size_t n) {
   b->n = (size_t)(o - b->p);
 }
 
+/* A failed call that turns capture off: counted under its name, with no "capture goes on" note
+ * (the one stderr line is the disable's). */
+static void counted(int fn) { atomic_fetch_add(&mc_cnt.errors[fn], 1); }
+
 const char *mc_pid_dir(void) { return pid_dir; }
 const char *mc_writer_name(void) { return mc_knobs.writer_write ? "write" : "mmap"; }
 static int mkdir_p(const char *path) {
@@ -224,25 +235,31 @@ static int mkdir_p(const char *path) {
 }
 
 static void wfile_init(wfile_t *F) {
-  F->fd = -1; F->mapped = 0; F->final = 0; F->seq = 0; F->populated = 0;
+  F->fd = -1; F->mapped = 0; F->final = 0; F->full = 0; F->seq = 0; F->populated = 0; F->end = 0;
   F->st[0] = F->st[1] = 0;
   atomic_store(&F->size, 0);
+  atomic_store(&F->cut, UINT64_MAX);
   pthread_mutex_init(&F->grow, NULL);
   pthread_mutex_init(&F->lock, NULL);
 }
 
-/* Grants bytes up to at least `want` (geometric steps); 0 when `end` is granted. Under F->grow. */
+/* Grants bytes up to at least `want` (geometric steps; never past RLIMIT_FSIZE). 0 when `end` is
+ * granted afterwards (it may be although the grow failed: a record that fits is written); else -1
+ * with errno (fallocate's, or EFBIG at the size limit). Under F->grow. */
 static int grow_locked(wfile_t *F, uint64_t end, uint64_t want) {
   uint64_t size = atomic_load_explicit(&F->size, memory_order_relaxed);
-  if (size >= want || F->final) return end <= size ? 0 : -1;
+  if (size >= want || F->final || F->full) { errno = ENOSPC; return end <= size ? 0 : -1; }
   uint64_t step = size < GROW_MIN ? GROW_MIN : size > GROW_MAX ? GROW_MAX : size;
   uint64_t to = size + step;
   if (to < want) to = (want + GROW_MIN - 1) / GROW_MIN * GROW_MIN;
+  if (fsize_max && to > fsize_max) to = fsize_max;
+  if (to <= size) { errno = EFBIG; return end <= size ? 0 : -1; }
   int r;
   do r = fallocate(F->fd, 0, (off_t)size, (off_t)(to - size)); while (r != 0 && errno == EINTR);
-  if (r != 0) return -1;
+  if (r != 0) return end <= size ? 0 : -1;
   atomic_store_explicit(&F->size, to, memory_order_release);
-  return 0;
+  if (to < want) errno = EFBIG;
+  return end <= to ? 0 : -1;
 }
 
 static char *window(wfile_t *F, uint64_t k) {
@@ -268,8 +285,10 @@ static void prefault_ahead(wfile_t *F) {
   uint64_t target = end / PREFAULT * PREFAULT + AHEAD;
   MC_LOCK(&F->grow);
   int ok = !F->final && F->fd >= 0 && grow_locked(F, 0, target) == 0;
+  uint64_t size = atomic_load_explicit(&F->size, memory_order_relaxed);
   MC_UNLOCK(&F->grow);
-  if (!ok) return; /* a failed grow is seen, and reported, by the next record that needs it */
+  if (!ok) return;
+  if (target > size) target = size; /* a failed grow is seen, and reported, by the record that needs it */
   if (F->populated < end / PREFAULT * PREFAULT) F->populated = end / PREFAULT * PREFAULT;
   while (F->populated < target && !atomic_load_explicit(&populate_off, memory_order_relaxed)) {
     char *w = window(F, F->populated >> WIN_SHIFT);
@@ -333,20 +352,20 @@ static int open_one(int f) {
   int mapped = file_hot[f] && !mc_knobs.writer_write;
   F->fd = open(p, (mapped ? O_RDWR : O_WRONLY | O_APPEND) | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (F->fd < 0) {
-    mc_note_error(MC_FN_open, errno, 0);
+    counted(MC_FN_open);
     mc_disable("cannot open %s (%s)", p, strerror(errno));
     return -1;
   }
   if (mapped) {
     MC_LOCK(&F->grow);
-    int r = grow_locked(F, 0, GROW_MIN);
+    int r = grow_locked(F, GROW_MIN, GROW_MIN);
     int e = errno;
     MC_UNLOCK(&F->grow);
     if (r != 0 && (e == EOPNOTSUPP || e == ENOSYS || e == EINVAL)) {
       mapped = 0; /* no fallocate here: a sparse mapping could SIGBUS on a full disk */
       if (fcntl(F->fd, F_SETFL, O_APPEND) != 0) mc_note_error(MC_FN_open, errno, 0);
     } else if (r != 0) {
-      mc_note_error(MC_FN_fallocate, e, 0);
+      counted(MC_FN_fallocate);
       mc_disable("cannot allocate %s (%s)", p, strerror(e));
       return -1;
     }
@@ -359,14 +378,24 @@ int mc_files_open(void) {
   char p[4300];
   snprintf(pid_dir, sizeof pid_dir, "%s/pid%d", mc_knobs.dir, mc_pid);
   if (mkdir_p(pid_dir) != 0) {
-    mc_note_error(MC_FN_mkdir, errno, 0);
+    counted(MC_FN_mkdir);
     mc_disable("cannot create %s (%s)", pid_dir, strerror(errno));
     return -1;
   }
   snprintf(p, sizeof p, "%s/cubins", pid_dir);
   if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-    mc_note_error(MC_FN_mkdir, errno, 0);
+    counted(MC_FN_mkdir);
     mc_disable("cannot create %s (%s)", p, strerror(errno));
+    return -1;
+  }
+  struct rlimit lim;
+  fsize_max = getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? (uint64_t)lim.rlim_cur : 0;
+  /* meta.json first, with the room its exit rewrite needs (init.c): a process whose meta.json
+   * cannot be written has turned capture off and leaves no folder behind */
+  mc_meta_write(0);
+  if (atomic_load(&mc_off)) {
+    rmdir(p);
+    rmdir(pid_dir);
     return -1;
   }
   files_pid = mc_pid;
@@ -376,7 +405,6 @@ int mc_files_open(void) {
   }
   atomic_store(&bytes_written, 0);
   if ((files[MC_F_LAUNCHES].mapped || files[MC_F_GRAPHS].mapped) && !mc_knobs.no_prefault) helper_start();
-  mc_meta_write(0);
   return 0;
 }
 
@@ -494,21 +522,59 @@ static int reserve(wfile_t *F, size_t body, int with_seq, uint64_t *off, uint64_
 }
 
 static int64_t write_failed(int file, int fn, int e) {
-  mc_note_error(fn, e, 0);
+  counted(fn);
   mc_disable("cannot write %s/%s (%s)", pid_dir, file_name(file), strerror(e));
   return -1;
 }
 
+/* One record appended at the file's end [p, p+n) under F->lock (the write writer; the mmap writer
+ * after the seal, at `F->end` = the sealed length): whole or not at all. A write cut short (the
+ * filesystem filled up mid-record) is cut back off with ftruncate, so the file holds whole records
+ * only and the record counts as not written; a write past RLIMIT_FSIZE is not tried (it would
+ * raise SIGXFSZ in the host). Once capture is off nothing more is written: a record whose thread
+ * was already past the gate is dropped (counted under "off"). 0 written; 1 dropped; -1 failed
+ * (errno set). */
+static int append_locked(wfile_t *F, const char *p, size_t n) {
+  if (atomic_load_explicit(&mc_off, memory_order_relaxed)) return 1;
+  if (F->fd < 0) { errno = EBADF; return -1; }
+  if (fsize_max && F->end + n > fsize_max) { errno = EFBIG; return -1; }
+  if ((F->mapped ? pwrite_all(F->fd, p, n, F->end) : write_all(F->fd, p, n)) == 0) {
+    F->end += n;
+    return 0;
+  }
+  int e = errno;
+  if (ftruncate(F->fd, (off_t)F->end) != 0) mc_note_error(MC_FN_ftruncate, errno, 0);
+  errno = e;
+  return -1;
+}
+
+static int64_t append_failed(int file, int rc, int e) {
+  if (rc > 0) { atomic_fetch_add(&mc_cnt.dropped[MC_DROP_OFF], 1); return -1; }
+  return write_failed(file, files[file].mapped ? MC_FN_pwrite : MC_FN_write, e);
+}
+
+/* A mapped file's record at `off` could not be written (no room for it, or its pwrite failed):
+ * the file grows no more, so every record reserved after it fails too and every one before it
+ * fits; at exit the file is cut at the lowest such offset, leaving whole records only. */
+static void lost_at(wfile_t *F, uint64_t off) {
+  MC_LOCK(&F->grow);
+  F->full = 1;
+  MC_UNLOCK(&F->grow);
+  uint64_t c = atomic_load(&F->cut);
+  while (off < c && !atomic_compare_exchange_weak(&F->cut, &c, off)) {}
+}
+
 /* After a record's place [off, off+len) was reserved: makes sure the file covers it (grows it
  * when the helper is behind). 0 ok; -1 capture turned off. */
-static int cover(int file, wfile_t *F, uint64_t end) {
+static int cover(int file, wfile_t *F, uint64_t off, uint64_t end) {
   if (end + PREFAULT <= atomic_load_explicit(&F->size, memory_order_acquire)) return 0;
   MC_LOCK(&F->grow);
   int g = grow_locked(F, end, end + PREFAULT);
   int e = errno;
   MC_UNLOCK(&F->grow);
   if (g == 0) return 0;
-  mc_note_error(MC_FN_fallocate, e, 0);
+  lost_at(F, off);
+  counted(MC_FN_fallocate);
   mc_disable("cannot allocate %s/%s (%s)", pid_dir, file_name(file), strerror(e));
   return -1;
 }
@@ -553,19 +619,19 @@ static int64_t write_mapped(int file, jb_t *b, int with_seq) {
     seq = __atomic_load_n(&F->st[1], __ATOMIC_RELAXED) & ~SEALED;
     char *start = put_prefix(b, with_seq, seq);
     len = (size_t)(b->p + b->n - start);
-    int rc = pwrite_all(F->fd, start, len, off);
+    F->end = off;    /* the file was cut here at the seal (a record lost before: nothing more) */
+    int rc = atomic_load(&F->cut) != UINT64_MAX ? 1 : append_locked(F, start, len);
     int e = errno;
     if (rc == 0) {
       __atomic_store_n(&F->st[0], off + len, __ATOMIC_RELAXED);
       __atomic_store_n(&F->st[1], (seq + (with_seq ? 1 : 0)) | SEALED, __ATOMIC_RELAXED);
     }
     MC_UNLOCK(&F->lock);
-    if (rc != 0) return write_failed(file, MC_FN_pwrite, e);
-    return (int64_t)seq;
+    return rc == 0 ? (int64_t)seq : append_failed(file, rc, e);
   }
   char *start = put_prefix(b, with_seq, seq);
   uint64_t end = off + len;
-  if (cover(file, F, end) != 0) return -1;
+  if (cover(file, F, off, end) != 0) return -1;
   char *dst = place_of(F, off, len);
   if (dst) {
     if (with_seq == 2) {                        /* binary: the header's len+magic last (commit) */
@@ -602,7 +668,7 @@ int mc_bin_place(int file, size_t len, mc_place_t *pl) {
     if (mc_knobs.max_bytes) atomic_fetch_sub(&bytes_written, len);
     return 0;
   }
-  if (cover(file, F, off + len) != 0) return -1;
+  if (cover(file, F, off, off + len) != 0) return -1;
   pl->file = file; pl->off = off; pl->len = len; pl->seq = (int64_t)seq;
   pl->dst = (unsigned char *)place_of(F, off, len);
   pl->scratch = NULL;
@@ -649,12 +715,11 @@ int64_t mc_write_bin(int file, jb_t *b) {
   MC_LOCK(&F->lock);
   int64_t seq = F->seq;
   char *start = put_prefix(b, 2, (uint64_t)seq);
-  int rc = F->fd >= 0 ? write_all(F->fd, start, body) : (errno = EBADF, -1);
+  int rc = append_locked(F, start, body);
   int e = errno;
   if (rc == 0) F->seq++;
   MC_UNLOCK(&F->lock);
-  if (rc != 0) return write_failed(file, MC_FN_write, e);
-  return seq;
+  return rc == 0 ? seq : append_failed(file, rc, e);
 }
 
 /* The seq the next record of `file` will get (launches: the counter an allocation event is
@@ -689,12 +754,11 @@ int64_t mc_write_record(int file, jb_t *b, int with_seq) {
   MC_LOCK(&F->lock);
   if (with_seq) seq = F->seq;
   char *start = put_prefix(b, with_seq, (uint64_t)seq);
-  rc = F->fd >= 0 ? write_all(F->fd, start, (size_t)(b->p + b->n - start)) : (errno = EBADF, -1);
+  rc = append_locked(F, start, (size_t)(b->p + b->n - start));
   int e = errno;
   if (rc == 0 && with_seq) F->seq++;
   MC_UNLOCK(&F->lock);
-  if (rc != 0) return write_failed(file, MC_FN_write, e);
-  return seq;
+  return rc == 0 ? seq : append_failed(file, rc, e);
 }
 
 /* Seals the mapped files and cuts them to their true length. Idempotent; atexit and destructor. */
@@ -714,7 +778,8 @@ void mc_files_finalize(void) {
       uint64_t e[2] = {F->st[0], F->st[1]};
       MC_UNLOCK(&F->lock);
 #endif
-      uint64_t end = e[0], size = atomic_load(&F->size);
+      uint64_t end = e[0], size = atomic_load(&F->size), cut = atomic_load(&F->cut);
+      if (end > cut) end = cut;   /* records from the first that found no room on: none written */
       if (end > size) { /* a thread reserved but has not grown yet: grant it exactly */
         if (grow_locked(F, end, end) != 0) { mc_note_error(MC_FN_fallocate, errno, 0); end = size; }
       }
@@ -725,6 +790,12 @@ void mc_files_finalize(void) {
   }
 }
 
+static int write_failed_path(const char *path, int fn, int e) {
+  counted(fn);
+  mc_disable("cannot write %s (%s)", path, strerror(e));
+  return -1;
+}
+
 int mc_write_file_once(const char *rel, const void *p, size_t n) {
   char path[4400], tmp[4500];
   snprintf(path, sizeof path, "%s/%s", pid_dir, rel);
@@ -733,18 +804,17 @@ int mc_write_file_once(const char *rel, const void *p, size_t n) {
     atomic_fetch_add(&mc_cnt.dropped[MC_DROP_MAX_BYTES], 1);
     return -1;
   }
+  if (fsize_max && n > fsize_max) return write_failed_path(path, MC_FN_write, EFBIG); /* no SIGXFSZ */
   snprintf(tmp, sizeof tmp, "%s.%d.%d.tmp", path, mc_pid, mc_tid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) { mc_note_error(MC_FN_open, errno, 0); mc_disable("cannot open %s (%s)", tmp, strerror(errno)); return -1; }
+  if (fd < 0) { counted(MC_FN_open); mc_disable("cannot open %s (%s)", tmp, strerror(errno)); return -1; }
   int rc = write_all(fd, p, n);
   int e = errno, fn = MC_FN_write;
   if (close(fd) != 0 && rc == 0) { rc = -1; e = errno; fn = MC_FN_close; }  /* a late write error */
   if (rc == 0 && rename(tmp, path) != 0) { rc = -1; e = errno; fn = MC_FN_rename; }
   if (rc != 0) {
     unlink(tmp);
-    mc_note_error(fn, e, 0);
-    mc_disable("cannot write %s (%s)", path, strerror(e));
-    return -1;
+    return write_failed_path(path, fn, e);
   }
   return 1;
 }
