@@ -37,17 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from vocab.errors import DumpError
+from vocab.capture_tables import API_NAMES, ATTR_BY_ID  # the api byte's names, launch attributes
 
 MAGIC = 0x314C434D          # the bytes "MCL1", at +4 of every record
 HEADER = 112
 ATTR = 72                   # a raw CUlaunchAttribute: u32 id, 4 bytes padding, 64-byte value
 F_GRAPH, F_EXTRA, F_NOBYTES = 1, 2, 4
-API_NAMES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
-             "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
-             # kernel nodes of explicitly built graphs, recorded when defined (dump-format.md)
-             "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "cuGraphAddNode", "cuGraphAddNode_v2",
-             "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "cuGraphExecKernelNodeSetParams",
-             "cuGraphExecKernelNodeSetParams_v2", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
 LAUNCHES_BIN = "launches.bin"
 FUNCTIONS = "functions.jsonl"
 
@@ -289,37 +284,34 @@ def _ptr(v: int) -> str:
     return f"0x{v:x}"
 
 
+def _event(v: bytes, fmt: str, names: tuple[str, ...]) -> dict:
+    ev, *rest = struct.unpack_from(fmt, v)
+    return {"event": _ptr(ev), **dict(zip(names, rest))}
+
+
+# How each launch attribute shape reads the 64-byte value union (vocab/capture_tables.py ATTR_SHAPES).
+_ATTR_READ = {
+    "dim3": lambda v: list(struct.unpack_from("<3I", v)),
+    "i32": lambda v: struct.unpack_from("<i", v)[0],
+    "u32": lambda v: struct.unpack_from("<I", v)[0],
+    "pdl_event": lambda v: _event(v, "<Qii", ("flags", "trigger_at_block_start")),  # {CUevent, int, int}
+    "completion_event": lambda v: _event(v, "<Qi", ("flags",)),                     # {CUevent, int}
+    "domain_map": lambda v: [v[0], v[1]],
+}
+
+
 def _launch_attrs(raw: bytes) -> dict:
-    """The raw CUlaunchAttribute array -> launches.jsonl `launch_attrs` (as capture/src/record.c)."""
+    """The raw CUlaunchAttribute array -> launches.jsonl `launch_attrs` (as capture/src/record.c,
+    both from the table in vocab/capture_tables.py; an id it lacks: `attr_<id>`, the value's hex)."""
     out = {}
     for k in range(0, len(raw) - ATTR + 1, ATTR):
         aid = struct.unpack_from("<I", raw, k)[0]
         v = raw[k + 8:k + ATTR]
-        i32 = struct.unpack_from("<i", v)[0]
-        if aid in (4, 11):      # CLUSTER_DIMENSION, PREFERRED_CLUSTER_DIMENSION
-            out["cluster" if aid == 4 else "preferred_cluster"] = list(struct.unpack_from("<3I", v))
-        elif aid == 5:
-            out["cluster_scheduling"] = i32
-        elif aid == 6:
-            out["pdl"] = i32
-        elif aid == 7:          # PROGRAMMATIC_EVENT: {CUevent, int flags, int triggerAtBlockStart}
-            ev, fl, trig = struct.unpack_from("<Qii", v)
-            out["pdl_event"] = {"event": _ptr(ev), "flags": fl, "trigger_at_block_start": trig}
-        elif aid == 8:
-            out["priority"] = i32
-        elif aid == 2:
-            out["cooperative"] = i32
-        elif aid == 10:
-            out["mem_sync_domain"] = i32
-        elif aid == 9:          # MEM_SYNC_DOMAIN_MAP: {unsigned char default_, remote}
-            out["mem_sync_domain_map"] = [v[0], v[1]]
-        elif aid == 12:         # LAUNCH_COMPLETION_EVENT: {CUevent, int flags}
-            ev, fl = struct.unpack_from("<Qi", v)
-            out["completion_event"] = {"event": _ptr(ev), "flags": fl}
-        elif aid == 14:
-            out["smem_carveout"] = struct.unpack_from("<I", v)[0]
-        else:
+        a = ATTR_BY_ID.get(aid)
+        if a is None:
             out[f"attr_{aid}"] = v.hex()
+        else:
+            out[a.key] = _ATTR_READ[a.shape](v)
     return out
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LIB_NAME = "libmine_capture.so"  # the file the launcher loads through CUDA_INJECTION64_PATH
-SOURCES = ["callbacks.c", "layout.c", "alloc.c", "record.c", "writer.c", "ident.c", "init.c"]
+SOURCES = ["dispatch.c", "launch.c", "graphs.c", "tmap.c", "toggle.c", "layout.c", "alloc.c", "record.c",
+           "writer.c", "ident.c", "init.c"]
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 
@@ -111,7 +112,7 @@ def extension():
     return Extension(
         name="capture.libmine_capture",
         sources=[str(Path("capture") / "src" / s) for s in SOURCES],
-        depends=[str(Path("capture") / "src" / "mc.h")],
+        depends=[str(Path("capture") / "src" / h) for h in ("mc.h", "tables.h")],
         extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall"],
         libraries=["pthread", "dl"],
         py_limited_api=False,

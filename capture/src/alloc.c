@@ -6,7 +6,7 @@
  * cache that every free API (cuMemFree*, cuMemRelease, cuMemUnmap) invalidates through a global
  * epoch, so the launch path takes no lock. Words the driver said are not device memory are kept in a
  * second per-thread cache (keyed by the value) that every allocation or mapping API (cuMemAlloc*,
- * cuMemMap, cuIpcOpenMemHandle, cuMemPoolImportPointer, ...; callbacks.c) invalidates through a
+ * cuMemMap, cuIpcOpenMemHandle, cuMemPoolImportPointer, ...; dispatch.c) invalidates through a
  * second epoch: an integer that looks like an address costs one driver call per allocation epoch,
  * not one per launch. Both epochs are bumped at the API's exit, before the caller can hold the new
  * pointer, and each entry keeps the epoch read before its query, so a race only loses an entry.
@@ -231,12 +231,12 @@ unsigned mc_host_sections(jb_t *b, const mc_entry_t *ce, const unsigned char *bl
  * written at exit either way, with the API's CUresult (a failed call is logged, readers skip it).
  * Device allocations and mappings ask the driver once (cuPointerGetAttributes, as the per-launch
  * classification does) for the BUFFER_ID, and for the size when the API does not give one. */
-#define EV(ev, nm, b, sz, h, dv, ent)                                                        \
+#define EV(ev, b, sz, h, dv)                                                                 \
   do {                                                                                       \
-    e->event = ev; e->api = nm; e->base = (b); e->size = (sz); e->handle = (h);              \
+    e->event = ev; e->base = (b); e->size = (sz); e->handle = (h);                           \
     e->has = 0u | ((b) != NO ? MC_AE_BASE : 0) | ((sz) != NO ? MC_AE_SIZE : 0) |            \
              ((h) != NO ? MC_AE_HANDLE : 0);                                                 \
-    e->device = dv; e->at_entry = ent;                                                       \
+    e->device = dv;                                                                          \
     if (e->base == NO) e->base = 0;                                                          \
     if (e->size == NO) e->size = 0;                                                          \
     if (e->handle == NO) e->handle = 0;                                                      \
@@ -245,185 +245,168 @@ unsigned mc_host_sections(jb_t *b, const mc_entry_t *ce, const unsigned char *bl
 #define OUTP(pp) ((pp) ? (uint64_t)*(pp) : NO)        /* an out-pointer, read at exit */
 #define OUTV(pp) ((pp) ? (uint64_t)(uintptr_t)*(pp) : NO)
 
-int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e) {
-  memset(e, 0, sizeof *e);
-  if (!params) return 0;
+/* The logged rows of the callback table (tables.h): the API's name and whether it is stamped at
+ * its entry; NULL when the log does not take the call. */
+static const char *logged(CUpti_CallbackId cbid, int *at_entry) {
+  switch (cbid) {
+#define LOGGED_ROW(n, kind, enable, api, v1, ptsz, logged_, at_entry_) \
+  case CUPTI_DRIVER_TRACE_CBID_##n: *at_entry = at_entry_; return logged_ ? #n : NULL;
+    MC_CALLBACKS(LOGGED_ROW)
+#undef LOGGED_ROW
+  default: return NULL;
+  }
+}
+
+/* The event the call's parameters describe (what each API gives: base, size, handle). */
+static int ev_fields(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e) {
   switch (cbid) {
   case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc: {
     const cuMemAlloc_params *p = params;
-    EV("alloc", "cuMemAlloc", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2: {
     const cuMemAlloc_v2_params *p = params;
-    EV("alloc", "cuMemAlloc_v2", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch: {
     const cuMemAllocPitch_params *p = params;
-    EV("alloc", "cuMemAllocPitch", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1, 0);
+    EV("alloc", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2: {
     const cuMemAllocPitch_v2_params *p = params;
-    EV("alloc", "cuMemAllocPitch_v2", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1, 0);
+    EV("alloc", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz: {
     const cuMemAllocAsync_params *p = params; /* the _ptsz struct has the same fields */
-    EV("alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync ? "cuMemAllocAsync" : "cuMemAllocAsync_ptsz",
-       OUTP(p->dptr), p->bytesize, NO, 1, 0);
+    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync:
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz: {
     const cuMemAllocFromPoolAsync_params *p = params;
-    EV("alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync ? "cuMemAllocFromPoolAsync"
-                                                                         : "cuMemAllocFromPoolAsync_ptsz",
-       OUTP(p->dptr), p->bytesize, (uint64_t)(uintptr_t)p->pool, 1, 0);
+    EV("alloc", OUTP(p->dptr), p->bytesize, (uint64_t)(uintptr_t)p->pool, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged: {
     const cuMemAllocManaged_params *p = params;
-    EV("alloc", "cuMemAllocManaged", OUTP(p->dptr), p->bytesize, NO, 1, 0); return 1;
+    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemFree: {
     const cuMemFree_params *p = params;
-    EV("free", "cuMemFree", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+    EV("free", (uint64_t)p->dptr, NO, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2: {
     const cuMemFree_v2_params *p = params;
-    EV("free", "cuMemFree_v2", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+    EV("free", (uint64_t)p->dptr, NO, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz: {
     const cuMemFreeAsync_params *p = params;
-    EV("free", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync ? "cuMemFreeAsync" : "cuMemFreeAsync_ptsz",
-       (uint64_t)p->dptr, NO, NO, 0, 1);
+    EV("free", (uint64_t)p->dptr, NO, NO, 0);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemCreate: {
     const cuMemCreate_params *p = params;
-    EV("create", "cuMemCreate", NO, p->size, OUTP(p->handle), 0, 0); return 1;
+    EV("create", NO, p->size, OUTP(p->handle), 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: {
     const cuMemRelease_params *p = params;
-    EV("release", "cuMemRelease", NO, NO, (uint64_t)p->handle, 0, 1); return 1;
+    EV("release", NO, NO, (uint64_t)p->handle, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve: {
     const cuMemAddressReserve_params *p = params;
-    EV("reserve", "cuMemAddressReserve", OUTP(p->ptr), p->size, NO, 0, 0); return 1;
+    EV("reserve", OUTP(p->ptr), p->size, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree: {
     const cuMemAddressFree_params *p = params;
-    EV("unreserve", "cuMemAddressFree", (uint64_t)p->ptr, p->size, NO, 0, 1); return 1;
+    EV("unreserve", (uint64_t)p->ptr, p->size, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemMap: {
     const cuMemMap_params *p = params;
-    EV("map", "cuMemMap", (uint64_t)p->ptr, p->size, (uint64_t)p->handle, 1, 0); return 1;
+    EV("map", (uint64_t)p->ptr, p->size, (uint64_t)p->handle, 1); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap: {
     const cuMemUnmap_params *p = params;
-    EV("unmap", "cuMemUnmap", (uint64_t)p->ptr, p->size, NO, 0, 1); return 1;
+    EV("unmap", (uint64_t)p->ptr, p->size, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemSetAccess: {
     const cuMemSetAccess_params *p = params;
-    EV("access", "cuMemSetAccess", (uint64_t)p->ptr, p->size, NO, 0, 0); return 1;
+    EV("access", (uint64_t)p->ptr, p->size, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle: case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle_v2: {
     const cuIpcOpenMemHandle_v2_params *p = params;
-    EV("ipc_open", cbid == CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle ? "cuIpcOpenMemHandle" : "cuIpcOpenMemHandle_v2",
-       OUTP(p->pdptr), NO, NO, 1, 0);
+    EV("ipc_open", OUTP(p->pdptr), NO, NO, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle: {
     const cuIpcCloseMemHandle_params *p = params;
-    EV("ipc_close", "cuIpcCloseMemHandle", (uint64_t)p->dptr, NO, NO, 0, 1); return 1;
+    EV("ipc_close", (uint64_t)p->dptr, NO, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemPoolImportPointer: {
     const cuMemPoolImportPointer_params *p = params;
-    EV("import", "cuMemPoolImportPointer", OUTP(p->ptr_out), NO, (uint64_t)(uintptr_t)p->pool, 1, 0); return 1;
+    EV("import", OUTP(p->ptr_out), NO, (uint64_t)(uintptr_t)p->pool, 1); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuExternalMemoryGetMappedBuffer: {
     const cuExternalMemoryGetMappedBuffer_params *p = params;
-    EV("ext_map", "cuExternalMemoryGetMappedBuffer", OUTP(p->devPtr), p->bufferDesc ? p->bufferDesc->size : NO,
-       (uint64_t)(uintptr_t)p->extMem, 1, 0);
+    EV("ext_map", OUTP(p->devPtr), p->bufferDesc ? p->bufferDesc->size : NO, (uint64_t)(uintptr_t)p->extMem, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer: {
     const cuGraphicsResourceGetMappedPointer_params *p = params;
-    EV("gfx_map", "cuGraphicsResourceGetMappedPointer", OUTP(p->pDevPtr), OUTP(p->pSize),
-       (uint64_t)(uintptr_t)p->resource, 1, 0);
+    EV("gfx_map", OUTP(p->pDevPtr), OUTP(p->pSize), (uint64_t)(uintptr_t)p->resource, 1);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer_v2: {
     const cuGraphicsResourceGetMappedPointer_v2_params *p = params;
-    EV("gfx_map", "cuGraphicsResourceGetMappedPointer_v2", OUTP(p->pDevPtr), OUTP(p->pSize),
-       (uint64_t)(uintptr_t)p->resource, 1, 0);
+    EV("gfx_map", OUTP(p->pDevPtr), OUTP(p->pSize), (uint64_t)(uintptr_t)p->resource, 1);
     return 1;
   }
   /* Pinned host memory: logged for completeness; it is host memory (mining leaves it alone). */
   case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc: case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc_v2: {
     const cuMemHostAlloc_params *p = params; /* no _v2 struct in the header: same signature */
-    EV("host_alloc", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc ? "cuMemHostAlloc" : "cuMemHostAlloc_v2",
-       OUTV(p->pp), p->bytesize, NO, 0, 0);
+    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost: {
     const cuMemAllocHost_params *p = params;
-    EV("host_alloc", "cuMemAllocHost", OUTV(p->pp), p->bytesize, NO, 0, 0); return 1;
+    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2: {
     const cuMemAllocHost_v2_params *p = params;
-    EV("host_alloc", "cuMemAllocHost_v2", OUTV(p->pp), p->bytesize, NO, 0, 0); return 1;
+    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister: case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2: {
     const cuMemHostRegister_v2_params *p = params;
-    EV("host_register", cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister ? "cuMemHostRegister"
-                                                                          : "cuMemHostRegister_v2",
-       (uint64_t)(uintptr_t)p->p, p->bytesize, NO, 0, 0);
+    EV("host_register", (uint64_t)(uintptr_t)p->p, p->bytesize, NO, 0);
     return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: {
     const cuMemFreeHost_params *p = params;
-    EV("host_free", "cuMemFreeHost", (uint64_t)(uintptr_t)p->p, NO, NO, 0, 1); return 1;
+    EV("host_free", (uint64_t)(uintptr_t)p->p, NO, NO, 0); return 1;
   }
   case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister: {
     const cuMemHostUnregister_params *p = params;
-    EV("host_unregister", "cuMemHostUnregister", (uint64_t)(uintptr_t)p->p, NO, NO, 0, 1); return 1;
+    EV("host_unregister", (uint64_t)(uintptr_t)p->p, NO, NO, 0); return 1;
   }
   default:
     return 0;
   }
 }
+
+int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e) {
+  memset(e, 0, sizeof *e);
+  int entry = 0;
+  const char *api = logged(cbid, &entry);
+  if (!params || !api || !ev_fields(cbid, params, e)) return 0;
+  e->api = api;
+  e->at_entry = entry;
+  return 1;
+}
 #undef EV
 #undef NO
 #undef OUTP
 #undef OUTV
-
-static const CUpti_CallbackId alloc_log_ids[] = {
-    CUPTI_DRIVER_TRACE_CBID_cuMemAlloc, CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch, CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync, CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync, CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged,
-    CUPTI_DRIVER_TRACE_CBID_cuMemFree, CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync, CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuMemCreate, CUPTI_DRIVER_TRACE_CBID_cuMemRelease,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve, CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree,
-    CUPTI_DRIVER_TRACE_CBID_cuMemMap, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap, CUPTI_DRIVER_TRACE_CBID_cuMemSetAccess,
-    CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle, CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle, CUPTI_DRIVER_TRACE_CBID_cuMemPoolImportPointer,
-    CUPTI_DRIVER_TRACE_CBID_cuExternalMemoryGetMappedBuffer,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc, CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost, CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister, CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2,
-    CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost, CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister,
-};
-
-const CUpti_CallbackId *mc_alloc_log_cbids(size_t *n) {
-  *n = sizeof alloc_log_ids / sizeof *alloc_log_ids;
-  return alloc_log_ids;
-}
 
 void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *st) {
   jb_lit(b, "\"seq_before\":"); jb_u64(b, st->seq_before);
@@ -445,21 +428,9 @@ void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *s
 static atomic_ullong alloc_order;
 static __thread struct { uint32_t corr; int valid; uint64_t order, seq; } tl_pend;
 
-static int at_entry(CUpti_CallbackId cbid) {
-  switch (cbid) {
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFree: case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz:
-  case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree:
-  case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap: case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle:
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
 void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id) {
-  if (!mc_knobs.alloc_log || !at_entry(cbid)) return;
+  int entry = 0;
+  if (!mc_knobs.alloc_log || !logged(cbid, &entry) || !entry) return;
   tl_pend.order = atomic_fetch_add(&alloc_order, 1);
   tl_pend.seq = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
   tl_pend.corr = correlation_id;

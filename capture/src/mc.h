@@ -5,9 +5,14 @@
  * run time through cuGetProcAddress, so the .so builds and loads on machines without a driver.
  * It never aborts the host: a failed CUDA/CUPTI call is counted under its name; calls whose
  * failure means the capture cannot continue turn capture off with one line on stderr.
- * Files: init.c (knobs, start, fork, exit), ident.c (time, thread id, context -> device), callbacks.c (CUPTI dispatch, launch records),
- * layout.c (per-handle layout cache, module table, launch->module link), alloc.c (pointer
- * classification, the allocation log), record.c (launch record JSON, compact function records), writer.c (JSON building, the mmap and write(2) record writers, sha256). */
+ * Files: init.c (knobs, start, fork, exit), ident.c (time, thread id, context -> device),
+ * dispatch.c (the CUPTI callback: which handler a callback id goes to, enabling them), launch.c
+ * (launch and kernel-node records), graphs.c (stream captures, graph lifecycle), tmap.c (tensor
+ * maps), toggle.c (MINE_CAPTURE_TOGGLE_MS), layout.c (per-handle layout cache, module table,
+ * launch->module link), alloc.c (pointer classification, the allocation log), record.c (launch
+ * record JSON and binary bodies, compact function records), writer.c (JSON building, the mmap and
+ * write(2) record writers, sha256). tables.h: the per-API tables, generated from
+ * vocab/capture_tables.py (the one place they are stated; Python reads the same module). */
 #ifndef MC_H
 #define MC_H
 
@@ -18,6 +23,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "tables.h"
 
 /* Driver entry points we call, resolved by name at run time with the ABI of the CUDA version we
  * compile against. Hazard: for some names the driver hands out a newer ABI than the header's
@@ -106,7 +113,7 @@ typedef struct {
   unsigned host_bytes;
   uint64_t max_launches, max_bytes, skip;
   uint64_t toggle_ms;        /* MINE_CAPTURE_TOGGLE_MS=T: launch callbacks switched off and on every T
-                                ms by a thread of ours (diagnostic, callbacks.c) */
+                                ms by a thread of ours (diagnostic, toggle.c) */
   uint64_t alternate;        /* MINE_CAPTURE_ALTERNATE=N: launches in alternate blocks of N are not
                                 recorded (callback returns at once): recording's cost measured inside
                                 one process (diagnostic, benchmarks/bench_launch.cu) */
@@ -125,8 +132,12 @@ extern atomic_uint mc_free_epoch;    /* bumped on every free: invalidates pointe
 extern atomic_uint mc_alloc_epoch;   /* bumped on every allocation/mapping: invalidates "not device" */
 extern atomic_int mc_capturing;      /* streams being captured into graphs right now */
 extern int mc_pid;
-enum { MC_DROP_FILTERED, MC_DROP_SKIP, MC_DROP_MAX_LAUNCHES, MC_DROP_MAX_BYTES, MC_DROP_OFF,
-       MC_DROP_NO_MEMORY, MC_DROP_COUNT };
+enum {
+#define MC_DROP_ENUM(tail, name) MC_DROP_##tail,
+  MC_DROPS(MC_DROP_ENUM)
+#undef MC_DROP_ENUM
+  MC_DROP_COUNT
+};
 extern const char *const mc_drop_names[MC_DROP_COUNT];
 typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
@@ -150,12 +161,12 @@ void mc_ident_reset_after_fork(void);
  * up (seen in CPython); the default model stays. */
 struct mc_entry;
 typedef struct {
-  int in_cb;                     /* callbacks.c: inside our callback (our driver calls not re-entered) */
+  int in_cb;                     /* dispatch.c: inside our callback (our driver calls not re-entered) */
   int tid;                       /* mc_tid() */
   int nloaded;                   /* layout.c: modules loaded during this thread's current API call */
   int dev;                       /* mc_ctx_device() of dev_ctx */
   CUcontext dev_ctx;
-  /* callbacks.c: the function this thread launched last, with its compact id */
+  /* launch.c: the function this thread launched last, with its compact id */
   void *handle; CUcontext ctx; const char *symkey; const struct mc_entry *e; int64_t fn;
 } __attribute__((aligned(64))) mc_tl_t;
 extern __thread mc_tl_t mc_tl;
@@ -236,7 +247,6 @@ typedef struct {
 typedef struct { uint64_t seq_before, order, t_ns; int tid, dev; int64_t id; int result; } mc_alloc_stamp_t;
 int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e); /* 0: not logged */
 void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *st);
-const CUpti_CallbackId *mc_alloc_log_cbids(size_t *n);  /* every API the log listens to */
 void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id);
 void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const void *params, CUcontext ctx,
                        int result);
@@ -250,7 +260,6 @@ typedef struct {
   unsigned grid[3], block[3], smem;
   const CUlaunchConfig *cfg; void **kp, **extra;
 } mc_launch_t;
-#define MC_API_COUNT 16
 extern const char *const mc_api_names[MC_API_COUNT]; /* docs/dump-format.md "Binary launch records" */
 /* The launch record body; fn >= 0: the compact form ("fn", params without off/size). */
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn);
@@ -283,11 +292,57 @@ int64_t mc_bin_commit(const mc_place_t *pl, uint64_t head);
 /* alloc.c, bin form: appends host sections for the blob's pointer words; returns how many. */
 unsigned mc_host_sections(jb_t *b, const mc_entry_t *e, const unsigned char *blob, size_t n);
 
-/* callbacks.c */
+/* dispatch.c: one row per driver-API callback the library listens to (tables.h MC_CALLBACKS). */
+enum {
+#define MC_KIND_ENUM(kind, family) MC_K_##kind,
+  MC_CB_KINDS(MC_KIND_ENUM)
+#undef MC_KIND_ENUM
+  MC_K_COUNT
+};
+enum {
+#define MC_FAMILY_ENUM(family) MC_FAM_##family,
+  MC_CB_FAMILIES(MC_FAMILY_ENUM)
+#undef MC_FAMILY_ENUM
+  MC_FAM_COUNT
+};
+enum { MC_EN_ALWAYS, MC_EN_LAUNCHES, MC_EN_ALLOC_LOG };
+typedef struct {
+  CUpti_CallbackId cbid;
+  const char *name;
+  unsigned char kind, family, enable; /* MC_K_*, MC_FAM_*, MC_EN_* */
+  signed char api;                    /* launch records' api byte (mc_api_names), or -1 */
+  unsigned char v1;                   /* kernel nodes: CUDA_KERNEL_NODE_PARAMS_v1 (no kern, ctx) */
+  unsigned char ptsz;                 /* a NULL stream is the per-thread default stream */
+  unsigned char logged, at_entry;     /* allocation log: written; stamped at the API's entry */
+} mc_cb_t;
+extern const mc_cb_t mc_cbs[MC_CB_COUNT];
+const mc_cb_t *mc_cb_of(CUpti_CallbackId cbid);  /* the row of a driver callback id; NULL: not ours */
 void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *d);
 int mc_enable_callbacks(CUpti_SubscriberHandle sub);
-int64_t mc_tmap_find(const unsigned char *p128);
 void mc_callbacks_reset_after_fork(void);
+static inline CUresult mc_cb_result(const CUpti_CallbackData *d) { /* the API's CUresult (at exit) */
+  return d->functionReturnValue ? *(const CUresult *)d->functionReturnValue : CUDA_SUCCESS;
+}
+static inline CUstream mc_cb_stream(const mc_cb_t *row, CUstream s) {
+  return (s == NULL && row->ptsz) ? CU_STREAM_PER_THREAD : s;
+}
+
+/* launch.c: a launch API's or a kernel node's record */
+void mc_on_launch(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
+void mc_on_kernel_node(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
+
+/* graphs.c: stream captures in flight, graph lifecycle events */
+void mc_on_graph(const mc_cb_t *row, const CUpti_CallbackData *d);
+void mc_capture_note_launch(uint64_t capture_id, int64_t seq); /* a launch recorded inside a capture */
+void mc_graph_line_kernel_node(const char *api, CUgraph graph, CUgraphExec exec, CUgraphNode node, int64_t seq);
+void mc_graphs_reset_after_fork(void);
+
+/* tmap.c: tensor maps (a ring the launch path searches without a lock) */
+void mc_on_tensormap(const mc_cb_t *row, const CUpti_CallbackData *d);
+int64_t mc_tmap_find(const unsigned char *p128);
+void mc_tmap_reset_after_fork(void);
+
+/* toggle.c */
 void mc_toggle_start(CUpti_SubscriberHandle sub);   /* MINE_CAPTURE_TOGGLE_MS */
 void mc_toggles_json(jb_t *b);                      /* meta.json "toggles" */
 

@@ -1,7 +1,7 @@
 /* record.c: the launch record's JSON body, and the compact form's function records.
  *
  * mc_launch_json formats one launch from a plain description of it (mc_launch_t), so the same
- * code runs under CUPTI (callbacks.c) and in the CPU test harness. Default form: the function's
+ * code runs under CUPTI (launch.c) and in the CPU test harness. Default form: the function's
  * identity (the layout entry's precomputed fragment), the layout source and each parameter's
  * off/size are repeated in every record (docs/dump-format.md, launches.jsonl).
  *
@@ -140,55 +140,51 @@ void mc_fn_reset_after_fork(void) {
   atomic_fetch_add(&fn_gen, 1);
 }
 
+/* ---- launch attributes (tables.h MC_LAUNCH_ATTRS; capture/binfmt.py decodes the binary form's
+ * raw attributes by the same table) ---- */
+#define ATTR_ID_CHECK(n, id, key, shape, member) \
+  _Static_assert(CU_LAUNCH_ATTRIBUTE_##n == id, "vocab/capture_tables.py: CU_LAUNCH_ATTRIBUTE_" #n " is not " #id);
+MC_LAUNCH_ATTRS(ATTR_ID_CHECK)
+#undef ATTR_ID_CHECK
+#define ATTR_DIM3(b, m) \
+  (jb_lit(b, "["), jb_u64(b, (m).x), jb_lit(b, ","), jb_u64(b, (m).y), jb_lit(b, ","), jb_u64(b, (m).z), jb_lit(b, "]"))
+#define ATTR_I32(b, m) jb_i64(b, (m))
+#define ATTR_U32(b, m) jb_u64(b, (m))
+#define ATTR_PDL_EVENT(b, m)                                                                  \
+  (jb_lit(b, "{\"event\":"), jb_ptr(b, (uintptr_t)(m).event), jb_lit(b, ",\"flags\":"), jb_i64(b, (m).flags), \
+   jb_lit(b, ",\"trigger_at_block_start\":"), jb_i64(b, (m).triggerAtBlockStart), jb_lit(b, "}"))
+#define ATTR_COMPLETION_EVENT(b, m) \
+  (jb_lit(b, "{\"event\":"), jb_ptr(b, (uintptr_t)(m).event), jb_lit(b, ",\"flags\":"), jb_i64(b, (m).flags), jb_lit(b, "}"))
+#define ATTR_DOMAIN_MAP(b, m) \
+  (jb_lit(b, "["), jb_u64(b, (m).default_), jb_lit(b, ","), jb_u64(b, (m).remote), jb_lit(b, "]"))
+
+static void launch_attr(jb_t *b, const CUlaunchAttribute *a) {
+  const CUlaunchAttributeValue *v = &a->value;
+  switch (a->id) {
+#define ATTR_CASE(n, id, key, shape, member) \
+  case CU_LAUNCH_ATTRIBUTE_##n: jb_lit(b, "\"" key "\":"); ATTR_##shape(b, v->member); break;
+    MC_LAUNCH_ATTRS(ATTR_CASE)
+#undef ATTR_CASE
+  default: /* a newer attribute: its id and raw value, so nothing is lost */
+    jb_lit(b, "\"attr_"); jb_u64(b, a->id); jb_lit(b, "\":"); jb_hex(b, v, sizeof *v);
+    break;
+  }
+}
+
 static void launch_attrs(jb_t *b, const CUlaunchConfig *cfg) {
   jb_lit(b, ",\"launch_attrs\":{");
   for (unsigned i = 0; cfg && cfg->attrs && i < cfg->numAttrs && i < 64; i++) {
-    const CUlaunchAttribute *a = &cfg->attrs[i];
-    const CUlaunchAttributeValue *v = &a->value;
     if (i) jb_lit(b, ",");
-    switch (a->id) {
-    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
-      jb_raw(b, a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? "\"cluster\":[" : "\"preferred_cluster\":[",
-             a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ? 11 : 21);
-      jb_u64(b, v->clusterDim.x); jb_lit(b, ","); jb_u64(b, v->clusterDim.y); jb_lit(b, ",");
-      jb_u64(b, v->clusterDim.z); jb_lit(b, "]");
-      break;
-    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-      jb_lit(b, "\"cluster_scheduling\":"); jb_i64(b, v->clusterSchedulingPolicyPreference); break;
-    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
-      jb_lit(b, "\"pdl\":"); jb_i64(b, v->programmaticStreamSerializationAllowed); break;
-    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
-      jb_lit(b, "\"pdl_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->programmaticEvent.event);
-      jb_lit(b, ",\"flags\":"); jb_i64(b, v->programmaticEvent.flags);
-      jb_lit(b, ",\"trigger_at_block_start\":"); jb_i64(b, v->programmaticEvent.triggerAtBlockStart);
-      jb_lit(b, "}"); break;
-    case CU_LAUNCH_ATTRIBUTE_PRIORITY: jb_lit(b, "\"priority\":"); jb_i64(b, v->priority); break;
-    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: jb_lit(b, "\"cooperative\":"); jb_i64(b, v->cooperative); break;
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      jb_lit(b, "\"mem_sync_domain\":"); jb_i64(b, v->memSyncDomain); break;
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-      jb_lit(b, "\"mem_sync_domain_map\":["); jb_u64(b, v->memSyncDomainMap.default_); jb_lit(b, ",");
-      jb_u64(b, v->memSyncDomainMap.remote); jb_lit(b, "]"); break;
-    case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
-      jb_lit(b, "\"completion_event\":{\"event\":"); jb_ptr(b, (uintptr_t)v->launchCompletionEvent.event);
-      jb_lit(b, ",\"flags\":"); jb_i64(b, v->launchCompletionEvent.flags); jb_lit(b, "}"); break;
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-      jb_lit(b, "\"smem_carveout\":"); jb_u64(b, v->sharedMemCarveout); break;
-    default: /* a newer attribute: its id and raw value, so nothing is lost */
-      jb_lit(b, "\"attr_"); jb_u64(b, a->id); jb_lit(b, "\":"); jb_hex(b, v, sizeof *v); break;
-    }
+    launch_attr(b, &cfg->attrs[i]);
   }
   jb_lit(b, "}");
 }
 
 const char *const mc_api_names[MC_API_COUNT] = {
-    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
-    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
-    /* kernel nodes of explicitly built graphs, recorded when defined (callbacks.c) */
-    "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "cuGraphAddNode", "cuGraphAddNode_v2",
-    "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "cuGraphExecKernelNodeSetParams",
-    "cuGraphExecKernelNodeSetParams_v2", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams"};
+#define API_NAME(i, n) [i] = #n,
+    MC_LAUNCH_APIS(API_NAME)
+#undef API_NAME
+};
 
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn) {
   jb_lit(b, "\"t_ns\":"); jb_u64(b, L->t_ns);

@@ -1,8 +1,8 @@
 """The injected library's launch path from mc_callback() down, on CPU, in both record forms.
 
 tests/helpers/harness_dispatch.c plays CUPTI (each launch's callback data, API entry then exit) and the
-driver (a kernel table answering cuKernelGetParamInfo & co.), and links the library's own
-callbacks.c, layout.c, alloc.c, record.c, writer.c and ident.c. Three launch paths are driven:
+driver (a kernel table answering cuKernelGetParamInfo & co.), and links every library source
+(init.c included). Three launch paths are driven here (every other one: test_dispatch_paths.py):
 cuLaunchKernel with kernelParams on a runtime CUkernel, cuLaunchKernel_ptsz with a packed
 `extra` buffer on a driver CUfunction, and cuLaunchKernelEx with launch attributes and a struct
 by value. Every recorded byte is compared with what the harness launched. The GPU test
@@ -17,17 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import c_harness
 from capture import binfmt
-from paths import FIXTURES, HELPERS
-
-SOURCES = ("callbacks.c", "layout.c", "alloc.c", "record.c", "writer.c", "ident.c")
-
-
-def build_dispatch_harness(folder: Path) -> Path:
-    """The harness binary (also used by benchmarks/bench_record_path.py)."""
-    text = c_harness.PRELUDE + (HELPERS / "harness_dispatch.c").read_text()
-    return c_harness.build(folder, text, *SOURCES, libs=("-Wl,--no-as-needed", "-lstdc++"))  # __cxa_demangle, as in a C++ host
+from dispatch_harness import CUBIN, build_dispatch_harness  # noqa: F401  (benchmarks/bench_record_path.py imports it here)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +72,6 @@ def test_both_forms_agree(harness, tmp_path):
 
 
 # ---------------------------------------------------------------- out of memory, at every allocation
-CUBIN = FIXTURES / "cubins" / "mine_argmax.cubin"
 
 
 def _oom(harness: Path, out: Path, form: str, fail_at: int):

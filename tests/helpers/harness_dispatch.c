@@ -1,13 +1,20 @@
-/* The launch path of the injected library, driven on CPU: CUPTI's side played by hand.
+/* The injected library driven on CPU, CUPTI's and the driver's sides played by hand.
  *
- * Compiled (tests/helpers/c_harness.py PRELUDE in front) with callbacks.c, layout.c, alloc.c, record.c,
- * writer.c and ident.c: exactly the code the library runs per launch, from mc_callback() down to
- * the bytes in the dump. What a GPU process would provide is faked here: the driver entry points
- * the library calls (a kernel table answering cuKernelGetParamInfo & co.) and the CUPTI callback
- * data of each launch (API entry, then exit, as CUPTI calls it).
+ * Compiled (tests/helpers/c_harness.py HEADERS in front) with every library source
+ * (capture.build_support.SOURCES, init.c included): exactly the code the library runs, from
+ * mc_callback() down to the bytes in the dump and meta.json. What a GPU process would provide is
+ * faked here: the driver entry points the library calls (a kernel table answering
+ * cuKernelGetParamInfo & co., stream-capture state, one device), CUPTI's enable calls (recorded)
+ * and the CUPTI callback data of each call (API entry, then exit, as CUPTI calls it).
  *
  *   harness records DIR json|bin N       N launches of three kernels through three launch APIs;
  *                                        prints what was launched (one JSON line per launch)
+ *   harness all DIR json|bin [KNOB...]   every row of the library's callback table (tables.h)
+ *                                        dispatched once, plus the resource callbacks and (knob
+ *                                        toggle=MS) the toggler; prints, per row, what the dump
+ *                                        must then hold (one JSON line each), then what was
+ *                                        enabled and toggled. KNOBs: compact alloc_log selftime
+ *                                        noop modules_only classify0 alternate=N toggle=MS max_launches=N
  *   harness bench DIR json|bin|noop|filtered N THRASH_KB
  *                                        N launches of the loop kernel 3 us apart; between two,
  *                                        THRASH_KB of memory is written (the driver's own launch
@@ -22,24 +29,31 @@
  *                                        goes on to the end; prints (last line) {"allocs",
  *                                        "failed_in", "off", "host_launches"} */
 
-/* ---- CUPTI: the library enables callbacks at start; never called here ---- */
+/* ---- CUPTI: subscription, version, and every enable call, recorded ---- */
+#define MAX_CBID 4096
+static atomic_int enabled_now[MAX_CBID];     /* driver domain: 1 enabled, 0 disabled (last call) */
+static atomic_int enable_calls[MAX_CBID];    /* driver domain: calls made */
+static atomic_int disable_calls[MAX_CBID];   /* driver domain: calls with enable = 0 (the toggler) */
+static atomic_int resource_enabled[64];
 CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle s, CUpti_CallbackDomain d,
                                          CUpti_CallbackId c) {
-  (void)enable; (void)s; (void)d; (void)c;
+  (void)s;
+  if (d == CUPTI_CB_DOMAIN_RESOURCE && c < 64) atomic_store(&resource_enabled[c], (int)enable);
+  if (d == CUPTI_CB_DOMAIN_DRIVER_API && c < MAX_CBID) {
+    atomic_store(&enabled_now[c], (int)enable);
+    atomic_fetch_add(&enable_calls[c], 1);
+    if (!enable) atomic_fetch_add(&disable_calls[c], 1);
+  }
   return CUPTI_SUCCESS;
 }
-
-mc_driver_t mc_drv;
-atomic_uint mc_free_epoch, mc_alloc_epoch;
-atomic_int mc_capturing;
-const char *const mc_fn_names[MC_FN_COUNT] = {
-#define MC_NAME(fn) #fn,
-    MC_DRIVER_FUNCS(MC_NAME) MC_CUPTI_FUNCS(MC_NAME)
-#undef MC_NAME
-};
-void mc_note_error(int fn, int code, int fatal) { /* as init.c's: counted; fatal ones turn capture off */
-  atomic_fetch_add(&mc_cnt.errors[fn], 1);
-  if (fatal) mc_disable("[mine-capture] capture off in pid %d: %s failed with code %d", mc_pid, mc_fn_names[fn], code);
+CUptiResult CUPTIAPI cuptiSubscribe(CUpti_SubscriberHandle *s, CUpti_CallbackFunc f, void *u) {
+  (void)f; (void)u;
+  *s = (CUpti_SubscriberHandle)0x5ab;
+  return CUPTI_SUCCESS;
+}
+CUptiResult CUPTIAPI cuptiGetVersion(uint32_t *v) {
+  *v = 999;
+  return CUPTI_SUCCESS;
 }
 
 /* ---- a failing allocator (mode oom): the choke point's FAIL_AT-th call fails ---- */
@@ -50,19 +64,28 @@ static void *failing_realloc(void *p, size_t n) {
   return realloc(p, n);
 }
 
-/* ---- the fake driver: three kernels ----
+/* ---- the fake driver: the kernels ----
  * 0: a runtime kernel (CUkernel handle) with the loop's ABI (float*, const float*, float, int)
  * 1: a driver function (CUfunction handle) launched with a packed `extra` buffer
- * 2: a runtime kernel with a 24-byte struct by value, launched with cuLaunchKernelEx + attributes */
+ * 2: a runtime kernel with a 24-byte struct by value, launched with cuLaunchKernelEx + attributes
+ * 3: a runtime kernel taking a 128-byte tensor map by value (mode all: the tmap link)
+ * 4..8: driver functions named as the fixture cubin's entry, one per module-load API (mode all:
+ *    the CUmodule each one's cuFuncGetModule answers is the one that API call returned) */
 typedef struct { uintptr_t handle; int is_kernel; const char *sym; int np; unsigned off[8], size[8]; } fk_t;
-static const fk_t fk[3] = {
+#define NFK 9
+#define MOD_KERNEL0 4
+static const fk_t fk[NFK] = {
     {0x7a000, 1, "_Z7k_emptyPfPKffi", 4, {0, 8, 16, 20}, {8, 8, 4, 4}},
     {0x8b000, 0, "_Z4gemm6Params", 6, {0, 8, 16, 24, 28, 32}, {8, 8, 8, 4, 4, 8}},
     {0x7c000, 1, "_Z3mix3Seg", 2, {0, 24}, {24, 8}},
+    {0x7d000, 1, "_Z3tma14CUtensorMap_st", 1, {0}, {128}},
+    {0x9a000, 0, "mine_argmax_rows", 1, {0}, {8}}, {0x9b000, 0, "mine_argmax_rows", 1, {0}, {8}},
+    {0x9c000, 0, "mine_argmax_rows", 1, {0}, {8}}, {0x9d000, 0, "mine_argmax_rows", 1, {0}, {8}},
+    {0x9e000, 0, "mine_argmax_rows", 1, {0}, {8}},
 };
 #define FUNC_OF_KERNEL 0x100000u
 static const fk_t *by_handle(uintptr_t h) {
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < NFK; i++)
     if (fk[i].handle == h || (fk[i].is_kernel && fk[i].handle + FUNC_OF_KERNEL == h)) return &fk[i];
   return NULL;
 }
@@ -103,8 +126,10 @@ static CUresult f_FuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f)
   return CUDA_SUCCESS;
 }
 static CUresult f_FuncGetModule(CUmodule *m, CUfunction f) {
-  (void)f;
+  uintptr_t h = (uintptr_t)f;   /* kernels 4..8: the CUmodule of "their" module-load call */
   *m = NULL;
+  for (int i = MOD_KERNEL0; i < NFK; i++)
+    if (fk[i].handle == h) *m = (CUmodule)(0x4d000 + 0x100 * (uintptr_t)(i - MOD_KERNEL0));
   return CUDA_SUCCESS;
 }
 static CUresult f_CtxGetDevice(CUdevice *d, CUcontext c) {
@@ -113,9 +138,37 @@ static CUresult f_CtxGetDevice(CUdevice *d, CUcontext c) {
   return CUDA_SUCCESS;
 }
 static CUresult f_PointerGetAttributes(unsigned n, CUpointer_attribute *a, void **d, CUdeviceptr p) {
-  (void)n; (void)a; (void)d; (void)p;
-  return CUDA_ERROR_INVALID_VALUE; /* no device memory on this machine */
+  (void)a; (void)p;   /* no device memory on this machine: zeros and success, as the driver answers */
+  memset(d[0], 0, sizeof(unsigned));
+  for (unsigned i = 1; i < n; i++) memset(d[i], 0, 8);
+  return CUDA_SUCCESS;
 }
+/* streams being captured: the harness opens a capture before calling cuStreamBeginCapture */
+static CUstream cap_stream;
+static uint64_t cap_id;
+static CUgraph cap_graph;
+static CUresult f_StreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                       const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n) {
+  (void)deps; (void)edges; (void)n;
+  int on = cap_id && s == cap_stream;
+  *st = on ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = on ? cap_id : 0;
+  if (g) *g = on ? cap_graph : NULL;
+  return CUDA_SUCCESS;
+}
+static CUresult f_GraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
+  (void)g; (void)nodes;
+  *n = 3;
+  return CUDA_SUCCESS;
+}
+/* one device, asked for meta.json once a context exists */
+static CUresult f_CtxGetCurrent(CUcontext *c) { *c = (CUcontext)0xc7000; return CUDA_SUCCESS; }
+static CUresult f_DeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+static CUresult f_DeviceGet(CUdevice *d, int i) { *d = i; return CUDA_SUCCESS; }
+static CUresult f_DeviceGetName(char *s, int n, CUdevice d) { (void)d; snprintf(s, (size_t)n, "Fake GPU"); return CUDA_SUCCESS; }
+static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) { (void)d; *v = (int)a % 100; return CUDA_SUCCESS; }
+static CUresult f_DeviceTotalMem(size_t *m, CUdevice d) { (void)d; *m = (size_t)1 << 30; return CUDA_SUCCESS; }
+static CUresult f_DeviceGetUuid(CUuuid *u, CUdevice d) { (void)d; memset(u, 0xab, sizeof *u); return CUDA_SUCCESS; }
 
 static void fake_driver(void) {
   mc_drv.cuFuncGetName = f_FuncGetName;
@@ -127,13 +180,21 @@ static void fake_driver(void) {
   mc_drv.cuFuncGetModule = f_FuncGetModule;
   mc_drv.cuCtxGetDevice_v2 = f_CtxGetDevice;
   mc_drv.cuPointerGetAttributes = f_PointerGetAttributes;
+  mc_drv.cuStreamGetCaptureInfo = f_StreamGetCaptureInfo;
+  mc_drv.cuGraphGetNodes = f_GraphGetNodes;
+  mc_drv.cuCtxGetCurrent = f_CtxGetCurrent;
+  mc_drv.cuDeviceGetCount = f_DeviceGetCount;
+  mc_drv.cuDeviceGet = f_DeviceGet;
+  mc_drv.cuDeviceGetName = f_DeviceGetName;
+  mc_drv.cuDeviceGetAttribute = f_DeviceGetAttribute;
+  mc_drv.cuDeviceTotalMem = f_DeviceTotalMem;
+  mc_drv.cuDeviceGetUuid = f_DeviceGetUuid;
 }
 
-/* ---- one launch, as CUPTI reports it: the entry site, then the exit site ---- */
+/* ---- one call, as CUPTI reports it: the entry site, then the exit site ---- */
 static const CUcontext CTX = (CUcontext)0xc7000;
 static uint32_t corr;
-static void cupti_launch(CUpti_CallbackId cbid, const char *fname, const char *sym, const void *params) {
-  CUresult rc = CUDA_SUCCESS;
+static void cupti_call(CUpti_CallbackId cbid, const char *fname, const char *sym, const void *params, CUresult rc) {
   CUpti_CallbackData d;
   memset(&d, 0, sizeof d);
   d.functionName = fname; d.functionParams = params; d.functionReturnValue = &rc;
@@ -142,6 +203,9 @@ static void cupti_launch(CUpti_CallbackId cbid, const char *fname, const char *s
   mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
   d.callbackSite = CUPTI_API_EXIT;
   mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+}
+static void cupti_launch(CUpti_CallbackId cbid, const char *fname, const char *sym, const void *params) {
+  cupti_call(cbid, fname, sym, params, CUDA_SUCCESS);
 }
 
 /* what was launched, for the test to compare with the dump */
@@ -214,15 +278,7 @@ static void thrash(int i) { /* writes every cache line of thrash_buf, as a large
 
 /* ---- mode oom: one module, one allocation, launches, a free, an unload ---- */
 static void cupti_api(CUpti_CallbackId cbid, const char *fname, const void *params) {
-  CUresult rc = CUDA_SUCCESS;
-  CUpti_CallbackData d;
-  memset(&d, 0, sizeof d);
-  d.functionName = fname; d.functionParams = params; d.functionReturnValue = &rc;
-  d.context = CTX; d.contextUid = 1; d.correlationId = ++corr;
-  d.callbackSite = CUPTI_API_ENTER;
-  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
-  d.callbackSite = CUPTI_API_EXIT;
-  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+  cupti_call(cbid, fname, NULL, params, CUDA_SUCCESS);
 }
 
 static void cupti_module(CUpti_CallbackId cbid, uint32_t id, const char *cubin, size_t n) {
@@ -275,6 +331,374 @@ static int run_oom(const char *cubin_path) {
   return 0;
 }
 
+/* ---- mode all: every row of the library's callback table, dispatched once ----
+ * For each row (the library's own mc_cbs, so a row added to vocab/capture_tables.py without a
+ * driver here fails the run), a call shaped like the real one, then one line naming the row and
+ * what the dump must hold because of it: {"name", "family", "expect": {FILE: [record subsets]}}. */
+static void expect_begin(const mc_cb_t *row) {
+  static const char *const fam[] = {
+#define FAM_NAME(f) #f,
+      MC_CB_FAMILIES(FAM_NAME)
+#undef FAM_NAME
+  };
+  printf("{\"name\":\"%s\",\"family\":\"%s\",\"expect\":{", row->name, fam[row->family]);
+}
+#define EXPECT_END() printf("}}\n")
+
+static CUstream row_stream(const mc_cb_t *row, uintptr_t s) { return row->ptsz ? NULL : (CUstream)s; }
+static uintptr_t seen_stream(const mc_cb_t *row, uintptr_t s) { return row->ptsz ? 0x2 : s; }
+
+/* every launch attribute of the table, plus one it does not know (kept as attr_13) */
+static CUlaunchAttribute all_attrs[MC_LAUNCH_ATTR_COUNT + 1];
+static unsigned fill_attrs(void) {
+  unsigned n = 0;
+  memset(all_attrs, 0, sizeof all_attrs);
+#define ATTR_SET(nm, id_, key, shape, member) all_attrs[n++].id = CU_LAUNCH_ATTRIBUTE_##nm;
+  MC_LAUNCH_ATTRS(ATTR_SET)
+#undef ATTR_SET
+  for (unsigned i = 0; i < n; i++) {
+    CUlaunchAttributeValue *v = &all_attrs[i].value;
+    switch (all_attrs[i].id) {
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: v->clusterDim.x = 2; v->clusterDim.y = 1; v->clusterDim.z = 1; break;
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: v->clusterDim.x = 4; v->clusterDim.y = 2; v->clusterDim.z = 1; break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
+      v->programmaticEvent.event = (CUevent)0xe1; v->programmaticEvent.flags = 1;
+      v->programmaticEvent.triggerAtBlockStart = 1; break;
+    case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+      v->launchCompletionEvent.event = (CUevent)0xe2; v->launchCompletionEvent.flags = 3; break;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: v->memSyncDomainMap.default_ = 1; v->memSyncDomainMap.remote = 0; break;
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY: v->priority = -3; break;
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: v->sharedMemCarveout = 50; break;
+    default: v->cooperative = 1; break;   /* the int-valued ones */
+    }
+  }
+  all_attrs[n].id = (CUlaunchAttributeID)13;
+  memset(&all_attrs[n].value, 0x5c, sizeof all_attrs[n].value);
+  return n + 1;
+}
+
+static void drive_launch(const mc_cb_t *row) {
+  static int iv = 7;
+  float a = 2.0f;
+  void *args[4] = {&Y, &X, &a, &iv};
+  uintptr_t s = 0x5a00 + 0x10 * (uintptr_t)row->api;
+  CUfunction f = (CUfunction)fk[0].handle;
+  if (row->kind == MC_K_LAUNCH) {
+    cuLaunchKernel_params p = {f, 2, 1, 1, 64, 1, 1, 0, row_stream(row, s), args, NULL};
+    cupti_launch(row->cbid, row->name, fk[0].sym, &p);
+  } else if (row->kind == MC_K_LAUNCH_COOP) {
+    cuLaunchCooperativeKernel_params p = {f, 2, 1, 1, 64, 1, 1, 0, row_stream(row, s), args};
+    cupti_launch(row->cbid, row->name, fk[0].sym, &p);
+  } else {
+    CUlaunchConfig cfg = {.gridDimX = 2, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 64, .blockDimY = 1,
+                          .blockDimZ = 1, .hStream = row_stream(row, s), .attrs = all_attrs,
+                          .numAttrs = fill_attrs()};
+    cuLaunchKernelEx_params p = {&cfg, f, args, NULL};
+    cupti_launch(row->cbid, row->name, fk[0].sym, &p);
+  }
+  expect_begin(row);
+  printf("\"launches\":[{\"api\":\"%s\",\"stream\":\"0x%lx\",\"symbol\":\"%s\",\"grid\":[2,1,1],\"block\":[64,1,1]",
+         row->name, (unsigned long)seen_stream(row, s), fk[0].sym);
+  if (row->kind == MC_K_LAUNCH_EX) printf(",\"all_attrs\":true");
+  printf("}]");
+  EXPECT_END();
+}
+
+static void drive_kernel_node(const mc_cb_t *row) {
+  static uint64_t w[6] = {0x600000401000ull, 0x600000402000ull, 3, 4, 5, 6};
+  void *args[6] = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5]};
+  uintptr_t g = 0x9700 + 0x10 * (uintptr_t)row->api, x = 0xe700 + 0x10 * (uintptr_t)row->api;
+  CUgraphNode node = (CUgraphNode)(0xd700 + 0x10 * (uintptr_t)row->api);
+  /* v1 calls name a CUfunction; v2 and later a CUkernel through `kern` (func NULL) */
+  CUDA_KERNEL_NODE_PARAMS_v1 k1 = {.func = (CUfunction)fk[1].handle, .gridDimX = 3, .gridDimY = 1, .gridDimZ = 1,
+                                   .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .kernelParams = args};
+  CUDA_KERNEL_NODE_PARAMS_v2 k2 = {.gridDimX = 3, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
+                                   .blockDimZ = 1, .kernelParams = args, .kern = (CUkernel)fk[2].handle};
+  void *args2[2] = {&w[0], &w[1]};
+  k2.kernelParams = args2;
+  CUgraphNodeParams gp;
+  memset(&gp, 0, sizeof gp);
+  gp.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  memcpy(&gp.kernel, &k2, sizeof k2);
+  const void *np = row->v1 ? (const void *)&k1 : (const void *)&k2;
+  int has_graph = 0, has_exec = 0;
+  switch (row->kind) {
+  case MC_K_NODE_ADD: { cuGraphAddKernelNode_params p = {&node, (CUgraph)g, NULL, 0, np}; has_graph = 1;
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_ADD_ANY: { cuGraphAddNode_params p = {&node, (CUgraph)g, NULL, 0, &gp}; has_graph = 1;
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_ADD_ANY_V2: { cuGraphAddNode_v2_params p = {&node, (CUgraph)g, NULL, NULL, 0, &gp}; has_graph = 1;
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_SET: { cuGraphKernelNodeSetParams_params p = {node, np};
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_EXEC_SET: { cuGraphExecKernelNodeSetParams_params p = {(CUgraphExec)x, node, np}; has_exec = 1;
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_SET_ANY: { cuGraphNodeSetParams_params p = {node, &gp};
+    cupti_api(row->cbid, row->name, &p); break; }
+  case MC_K_NODE_EXEC_SET_ANY: { cuGraphExecNodeSetParams_params p = {(CUgraphExec)x, node, &gp}; has_exec = 1;
+    cupti_api(row->cbid, row->name, &p); break; }
+  default: printf("{\"error\":\"no driver for %s\"}\n", row->name); return;
+  }
+  const fk_t *k = row->v1 ? &fk[1] : &fk[2];
+  expect_begin(row);
+  printf("\"launches\":[{\"api\":\"%s\",\"symbol\":\"%s\",\"stream\":\"0x0\",\"grid\":[3,1,1],\"block\":[32,1,1]",
+         row->name, k->sym);
+  if (has_graph || has_exec)
+    printf(",\"graph\":{\"graph\":\"0x%lx\",\"capture_id\":0}", (unsigned long)(has_exec ? x : g));
+  printf("}],\"graphs\":[{\"event\":\"kernel_node\",\"api\":\"%s\",\"node\":\"0x%lx\"", row->name,
+         (unsigned long)(uintptr_t)node);
+  if (has_graph) printf(",\"graph\":\"0x%lx\"", (unsigned long)g);
+  if (has_exec) printf(",\"exec\":\"0x%lx\"", (unsigned long)x);
+  printf("}]");
+  EXPECT_END();
+}
+
+/* A module-load call: CUPTI reports the load inside it; the CUmodule it returns is then the one
+ * kernel 4 + k's cuFuncGetModule answers. A second copy of the cubin loaded afterwards (no API
+ * call around it) makes the link unambiguous only through that CUmodule: without it, the
+ * newest copy would win. */
+static char cubin[1 << 20];
+static size_t cubin_n;
+static void cupti_module(CUpti_CallbackId cbid, uint32_t id, const char *bytes, size_t n);
+static void drive_module(const mc_cb_t *row) {
+  static int k = 0;
+  uint32_t id = 100 + 2 * (uint32_t)k;
+  CUmodule hmod = (CUmodule)(0x4d000 + 0x100 * (uintptr_t)k);
+  CUmodule out = NULL;
+  CUmodule *pm = &out;   /* every module-load call's parameters begin with the out-pointer */
+  CUresult rc = CUDA_SUCCESS;
+  CUpti_CallbackData d;
+  memset(&d, 0, sizeof d);
+  d.functionName = row->name; d.functionParams = &pm; d.functionReturnValue = &rc; d.context = CTX;
+  d.correlationId = ++corr; d.callbackSite = CUPTI_API_ENTER;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, row->cbid, &d);
+  cupti_module(CUPTI_CBID_RESOURCE_MODULE_LOADED, id, cubin, cubin_n);   /* inside the call */
+  out = hmod;
+  d.callbackSite = CUPTI_API_EXIT;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, row->cbid, &d);
+  cupti_module(CUPTI_CBID_RESOURCE_MODULE_LOADED, id + 1, cubin, cubin_n); /* the copy, outside any call */
+  cuMemFree_v2_params fr = {0};  /* an API call of the host's: ends "loaded during this call" */
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2, "cuMemFree_v2", &fr);
+  const fk_t *f = &fk[MOD_KERNEL0 + k];
+  uint64_t word = 0x600000501000ull;
+  void *args[1] = {&word};
+  cuLaunchKernel_params p = {(CUfunction)f->handle, 1, 1, 1, 32, 1, 1, 0, (CUstream)0x5e00, args, NULL};
+  cupti_launch(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", NULL, &p);
+  expect_begin(row);
+  printf("\"launches\":[{\"func\":\"0x%lx\",\"module\":%u}],\"modules\":[{\"event\":\"load\",\"module\":%u}]",
+         (unsigned long)f->handle, id, id);
+  EXPECT_END();
+  k++;
+}
+
+static void drive_memory(const mc_cb_t *row) {
+  static unsigned char zero[512];   /* every field NULL or 0: the log records the call, no address */
+  cupti_api(row->cbid, row->name, zero);
+  expect_begin(row);
+  printf("\"allocs\":[{\"api\":\"%s\",\"result\":0}]", row->name);
+  EXPECT_END();
+}
+
+static unsigned char tmap_bytes[128];
+static void drive_tensormap(const mc_cb_t *row) {
+  static cuuint64_t dims[2] = {64, 32}, strides[1] = {128};
+  static cuuint32_t box[2] = {16, 16}, es[2] = {1, 1};
+  static int n;
+  CUtensorMap map;
+  for (int i = 0; i < 128; i++) ((unsigned char *)&map)[i] = (unsigned char)(i * 3 + 17 * n + 1);
+  void *global = (void *)(0x600000601000ull + 0x1000 * (uintptr_t)n);
+  if (row->kind == MC_K_TMAP_TILED) {
+    cuTensorMapEncodeTiled_params p = {&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, global, dims, strides, box, es,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE};
+    cupti_api(row->cbid, row->name, &p);
+    memcpy(tmap_bytes, &map, 128);
+  } else if (row->kind == MC_K_TMAP_IM2COL) {
+    static int lo[1] = {0}, hi[1] = {0};
+    cuTensorMapEncodeIm2col_params p = {&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, global, dims, strides, lo, hi,
+                                        8, 4, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE};
+    p.tensorRank = 2;
+    cupti_api(row->cbid, row->name, &p);
+  } else {
+    cuTensorMapEncodeIm2colWide_params p;
+    memset(&p, 0, sizeof p);
+    p.tensorMap = &map; p.tensorDataType = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; p.tensorRank = 2; p.globalAddress = global;
+    p.globalDim = dims; p.globalStrides = strides; p.elementStrides = es;
+    cupti_api(row->cbid, row->name, &p);
+  }
+  expect_begin(row);
+  printf("\"tensormaps\":[{\"api\":\"%s\",\"rank\":2,\"global\":\"0x%lx\"}]", row->name, (unsigned long)(uintptr_t)global);
+  EXPECT_END();
+  n++;
+}
+
+/* One capture on stream s (id, graph), a launch inside it, and its end: through `begin` or `end`
+ * as the row asks (the other end of the pair by the plain call). */
+static void capture_pair(const mc_cb_t *row, CUpti_CallbackId begin, CUpti_CallbackId end, uintptr_t s) {
+  static uint64_t next_id = 200;
+  cap_stream = (CUstream)seen_stream(row, s); cap_id = next_id++; cap_graph = (CUgraph)(0x9900 + cap_id);
+  CUstream hs = row_stream(row, s);
+  cuStreamBeginCaptureToGraph_params b = {.hStream = hs};  /* every begin: hStream first */
+  cupti_api(begin, row->name, &b);
+  static int iv = 1;
+  float a = 1.0f;
+  void *args[4] = {&Y, &X, &a, &iv};
+  cuLaunchKernel_params p = {(CUfunction)fk[0].handle, 1, 1, 1, 32, 1, 1, 0, hs, args, NULL};
+  cupti_launch(row->ptsz ? CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz : CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+               "cuLaunchKernel", fk[0].sym, &p);
+  CUgraph out = cap_graph;
+  cuStreamEndCapture_params e = {hs, &out};
+  cupti_api(end, row->name, &e);
+  expect_begin(row);
+  unsigned long ss = (unsigned long)seen_stream(row, s), id = (unsigned long)cap_id, g = (unsigned long)(uintptr_t)cap_graph;
+  printf("\"graphs\":[{\"event\":\"capture_begin\",\"stream\":\"0x%lx\",\"capture_id\":%lu,\"graph\":\"0x%lx\"},"
+         "{\"event\":\"capture_end\",\"stream\":\"0x%lx\",\"capture_id\":%lu,\"graph\":\"0x%lx\",\"nodes\":3}],"
+         "\"launches\":[{\"stream\":\"0x%lx\",\"graph\":{\"graph\":\"0x%lx\",\"capture_id\":%lu}}]",
+         ss, id, g, ss, id, g, ss, g, id);
+  EXPECT_END();
+  cap_id = 0;
+}
+
+static void drive_graph(const mc_cb_t *row) {
+  static int n;
+  uintptr_t s = 0x5b00 + 0x10 * (uintptr_t)n, g = 0x9800 + 0x10 * (uintptr_t)n, x = 0xe800 + 0x10 * (uintptr_t)n;
+  n++;
+  switch (row->kind) {
+  case MC_K_CAPTURE_BEGIN:
+    capture_pair(row, row->cbid, row->ptsz ? CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz
+                                           : CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, s);
+    return;
+  case MC_K_CAPTURE_END:
+    capture_pair(row, row->ptsz ? CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz
+                                : CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture, row->cbid, s);
+    return;
+  case MC_K_INSTANTIATE: {
+    CUgraphExec out = (CUgraphExec)x;
+    cuGraphInstantiateWithFlags_params p = {&out, (CUgraph)g, 0};  /* every instantiate: these two first */
+    cupti_api(row->cbid, row->name, &p);
+    expect_begin(row);
+    printf("\"graphs\":[{\"event\":\"instantiate\",\"graph\":\"0x%lx\",\"exec\":\"0x%lx\"}]", (unsigned long)g,
+           (unsigned long)x);
+    break;
+  }
+  case MC_K_GRAPH_LAUNCH: {
+    cuGraphLaunch_params p = {(CUgraphExec)x, row_stream(row, s)};
+    cupti_api(row->cbid, row->name, &p);
+    expect_begin(row);
+    printf("\"graphs\":[{\"event\":\"launch\",\"exec\":\"0x%lx\",\"stream\":\"0x%lx\"}]", (unsigned long)x,
+           (unsigned long)seen_stream(row, s));
+    break;
+  }
+  case MC_K_EXEC_DESTROY: {
+    cuGraphExecDestroy_params p = {(CUgraphExec)x};
+    cupti_api(row->cbid, row->name, &p);
+    expect_begin(row);
+    printf("\"graphs\":[{\"event\":\"exec_destroy\",\"exec\":\"0x%lx\"}]", (unsigned long)x);
+    break;
+  }
+  case MC_K_GRAPH_DESTROY: {
+    cuGraphDestroy_params p = {(CUgraph)g};
+    cupti_api(row->cbid, row->name, &p);
+    expect_begin(row);
+    printf("\"graphs\":[{\"event\":\"graph_destroy\",\"graph\":\"0x%lx\"}]", (unsigned long)g);
+    break;
+  }
+  default: printf("{\"error\":\"no driver for %s\"}\n", row->name); return;
+  }
+  EXPECT_END();
+}
+
+/* A launch whose parameter is the tiled encode's 128 bytes: linked to that encode (json form). */
+static void launch_with_tmap(void) {
+  void *args[1] = {tmap_bytes};
+  cuLaunchKernel_params p = {(CUfunction)fk[3].handle, 1, 1, 1, 128, 1, 1, 0, (CUstream)0x5f00, args, NULL};
+  cupti_launch(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", fk[3].sym, &p);
+  printf("{\"tmap_launch\":{\"symbol\":\"%s\"}}\n", fk[3].sym);
+}
+
+static void print_names(const char *key, atomic_int *tab, int from_calls) {
+  printf("{\"%s\":[", key);
+  int first = 1;
+  for (size_t i = 0; i < MC_CB_COUNT; i++) {
+    CUpti_CallbackId c = mc_cbs[i].cbid;
+    if (c >= MAX_CBID || !(from_calls ? atomic_load(&tab[c]) > 0 : atomic_load(&tab[c]) != 0)) continue;
+    printf("%s\"%s\"", first ? "" : ",", mc_cbs[i].name);
+    first = 0;
+  }
+  printf("]}\n");
+}
+
+/* The toggler at work until it has switched the launch callbacks off and on again (at most 10 s). */
+static void wait_toggles(void) {
+  struct timespec ms = {0, 1000000};
+  for (int i = 0; i < 10000; i++) {
+    int done = 1;
+    for (size_t k = 0; k < MC_CB_COUNT; k++)
+      if (mc_cbs[k].family == MC_FAM_LAUNCH && atomic_load(&disable_calls[mc_cbs[k].cbid]) < 1) done = 0;
+    if (done && atomic_load(&enable_calls[mc_cbs[0].cbid]) >= 3) return;
+    nanosleep(&ms, NULL);
+  }
+}
+
+static void cupti_resource(CUpti_CallbackId cbid) {
+  CUpti_ResourceData r;
+  memset(&r, 0, sizeof r);
+  r.context = CTX;
+  mc_callback(NULL, CUPTI_CB_DOMAIN_RESOURCE, cbid, &r);
+}
+
+static int run_all(const char *cubin_path) {
+  FILE *f = fopen(cubin_path, "rb");
+  if (!f) return 1;
+  cubin_n = fread(cubin, 1, sizeof cubin, f);
+  fclose(f);
+  CUpti_SubscriberHandle sub = (CUpti_SubscriberHandle)0x5ab;
+  if (mc_enable_callbacks(sub) != 0) return 1;
+  print_names("enabled", enabled_now, 0);
+  printf("{\"resource_enabled\":[%d,%d,%d]}\n", atomic_load(&resource_enabled[CUPTI_CBID_RESOURCE_MODULE_LOADED]),
+         atomic_load(&resource_enabled[CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING]),
+         atomic_load(&resource_enabled[CUPTI_CBID_RESOURCE_CONTEXT_CREATED]));
+  cupti_resource(CUPTI_CBID_RESOURCE_CONTEXT_CREATED);   /* meta.json with the device */
+  for (size_t i = 0; i < MC_CB_COUNT; i++) {
+    const mc_cb_t *row = &mc_cbs[i];
+    switch (row->family) {
+    case MC_FAM_LAUNCH: drive_launch(row); break;
+    case MC_FAM_KERNEL_NODE: drive_kernel_node(row); break;
+    case MC_FAM_MODULE: drive_module(row); break;
+    case MC_FAM_FREE: case MC_FAM_ALLOC: case MC_FAM_ALLOC_LOG: drive_memory(row); break;
+    case MC_FAM_TENSORMAP: drive_tensormap(row); break;
+    case MC_FAM_GRAPH: drive_graph(row); break;
+    default: printf("{\"error\":\"no driver for %s\"}\n", row->name);
+    }
+  }
+  launch_with_tmap();
+  cupti_module(CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING, 100, cubin, cubin_n);
+  printf("{\"unloaded\":100}\n");
+  if (mc_knobs.toggle_ms) {
+    mc_toggle_start(sub);
+    wait_toggles();
+    print_names("toggled", disable_calls, 1);
+  }
+  mc_files_finalize();
+  mc_meta_write(1);
+  return 0;
+}
+
+static int set_knob(const char *k) {
+  if (strcmp(k, "compact") == 0) mc_knobs.compact = 1;
+  else if (strcmp(k, "alloc_log") == 0) mc_knobs.alloc_log = 1;
+  else if (strcmp(k, "selftime") == 0) mc_knobs.selftime = 1;
+  else if (strcmp(k, "noop") == 0) mc_knobs.noop = 1;
+  else if (strcmp(k, "modules_only") == 0) mc_knobs.modules_only = 1;
+  else if (strcmp(k, "classify0") == 0) mc_knobs.no_classify = 1;
+  else if (strncmp(k, "alternate=", 10) == 0) mc_knobs.alternate = strtoull(k + 10, NULL, 10);
+  else if (strncmp(k, "toggle=", 7) == 0) mc_knobs.toggle_ms = strtoull(k + 7, NULL, 10);
+  else if (strncmp(k, "max_launches=", 13) == 0) mc_knobs.max_launches = strtoull(k + 13, NULL, 10);
+  else return -1;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 5) return 2;
   const char *mode = argv[1], *form = argv[3];
@@ -289,6 +713,9 @@ int main(int argc, char **argv) {
   if (strcmp(form, "filtered") == 0) {
     mc_knobs.has_include = regcomp(&mc_knobs.include_re, "^no_such_kernel$", REG_EXTENDED | REG_NOSUB) == 0;
   }
+  if (strcmp(mode, "all") == 0)
+    for (int i = 5; i < argc; i++)
+      if (set_knob(argv[i]) != 0) { fprintf(stderr, "unknown knob %s\n", argv[i]); return 2; }
   mc_pid = getpid();
   fake_driver();
   if (strcmp(mode, "oom") == 0) {
@@ -297,6 +724,7 @@ int main(int argc, char **argv) {
   }
   if (mc_files_open() != 0) { printf("{\"open\":\"failed\"}\n"); return 1; }
   if (strcmp(mode, "oom") == 0 && argc > 5) return run_oom(argv[5]);
+  if (strcmp(mode, "all") == 0) return run_all(argv[4]);
   if (strcmp(mode, "records") == 0) {
     for (long i = 0; i < n; i++) {
       if (i % 3 == 0) launch_loop_kernel((int)i, 1);
@@ -338,7 +766,7 @@ int main(int argc, char **argv) {
       for (int ph = 0; ph < 6; ph++) {
         thrash((int)i);
         const mc_entry_t *e = mc_layout_get((void *)fk[0].handle, CTX, fk[0].sym);
-        mc_launch_t L = {0, 0, 0, CTX, NULL, 0, 0, 0, NULL, 0, {1, 1, 1}, {32, 1, 1}, 0, NULL, args, NULL};
+        mc_launch_t L = {.ctx = CTX, .grid = {1, 1, 1}, .block = {32, 1, 1}, .kp = args};
         int64_t fn = mc_fn_id(e);
         thrash((int)i);
         double t0 = now_ns();
