@@ -68,15 +68,14 @@ from mining.damage import FileReport, lines_report
 from mining.functions import FUNCTIONS, Functions, read_functions
 from mining.graphs import GRAPHS, read_graphs
 from mining.jsonl import read_frames
+from vocab import capture_tables
 
 # The API of `mining.load`; hex_le_u64 and hex_num_u64 are re-exports (home: mining/frames.py).
 __all__ = ["ALLOC_LOG", "CHUNK", "LAUNCH_NAMES", "META_KEYS", "Dump", "DumpError", "hex_le_u64",
            "hex_num_u64", "load_dump", "read_meta", "resolve"]
 
 
-META_KEYS = {"format_version", "pid", "ppid", "argv", "start_ns", "start_unix_ns",
-             "driver_version", "cupti_version", "devices", "options", "counters", "end_ns",
-             "disabled"}
+META_KEYS = frozenset(capture_tables.META_KEYS)  # the capture's meta.json keys (vocab/capture_tables.py)
 LAUNCH_NAMES = ("launches.jsonl", "launches.jsonl.gz", "launches.jsonl.xz", "launches.jsonl.zst",
                 "launches.bin", "launches.bin.gz", "launches.bin.xz", "launches.bin.zst")  # JSON first
 CHUNK = 16 << 20  # bytes of JSON per parse task (mining/jsonl.py; tests set it here)
@@ -147,7 +146,9 @@ _META_TYPES = {"pid": _is_int, "ppid": _is_int, "start_ns": _is_int, "start_unix
                "driver_version": _is_int, "cupti_version": _is_int, "end_ns": _is_int,
                "argv": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                "devices": lambda v: isinstance(v, list), "options": lambda v: isinstance(v, dict),
-               "counters": lambda v: isinstance(v, dict), "disabled": lambda v: isinstance(v, str)}
+               "counters": lambda v: isinstance(v, dict), "disabled": lambda v: isinstance(v, str),
+               "toggles": lambda v: isinstance(v, list) and all(
+                   isinstance(t, list) and len(t) == 2 and _is_int(t[0]) and t[1] in (0, 1) for t in v)}
 
 
 def read_meta(folder: Path, warnings: list[str] | None = None, report: FileReport | None = None) -> dict:

@@ -32,8 +32,11 @@ const char *const mc_fn_names[MC_FN_COUNT] = {
     MC_DRIVER_FUNCS(MC_NAME) MC_CUPTI_FUNCS(MC_NAME)
 #undef MC_NAME
 };
-const char *const mc_drop_names[MC_DROP_COUNT] = {"filtered", "skip", "max_launches", "max_bytes", "off",
-                                                     "no_memory"};
+const char *const mc_drop_names[MC_DROP_COUNT] = {
+#define DROP_NAME(tail, name) [MC_DROP_##tail] = name,
+    MC_DROPS(DROP_NAME)
+#undef DROP_NAME
+};
 
 static char disabled_reason[512];
 static uint64_t start_ns, start_unix_ns;
