@@ -12,7 +12,7 @@ from generators.k3.build import UnpinnedKernel, dumps
 from manifests.cut import cut, resolve_labels
 from manifests.kernels import MissingKernel, load_kernels
 from manifests.verify import verify
-from mine.cmd_gen_k3 import ROOT
+from paths import ROOT
 
 CFG = config.load()
 TABLE = load_kernels(ROOT / "kernels.toml")
@@ -142,7 +142,7 @@ def test_refuses_unpinned_kernel():
 def test_all_nine_896(tmp_path):
     """The nine 896-expert manifests are written; their time is measured in docs/benchmarks.md
     ("K3 generation"), not asserted here."""
-    from mine.cmd_gen_k3 import write_decode, write_prefill
+    from generators.k3.generate import write_decode, write_prefill
 
     paths = write_prefill(CFG, TABLE, tmp_path, 8, 896, 8192, 16, 262144)
     paths.append(write_decode(CFG, TABLE, tmp_path, 896, 8, 262144))

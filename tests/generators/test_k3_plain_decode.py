@@ -23,7 +23,7 @@ from generators.k3.build import UnpinnedKernel, dumps
 from generators.k3.memory import rank_memory
 from manifests.verify import verify
 from manifests.kernels import load_kernels
-from mine.cmd_gen_k3 import ROOT
+from paths import ROOT
 
 CFG = config.load()
 TABLE = load_kernels(ROOT / "kernels.toml")

@@ -13,8 +13,9 @@ from generators.k3 import config, decode, layout
 from generators.k3.binds import check_binds, read_checkpoint
 from generators.k3.memory import rank_memory
 from manifests.kernels import load_kernels
-from mine.cmd_gen_k3 import ROOT, write_decode, write_prefill
+from generators.k3.generate import write_decode, write_prefill
 from k3_checkpoint import k3_tensors, write_checkpoint
+from paths import ROOT
 
 CFG = config.load()
 TABLE = load_kernels(ROOT / "kernels.toml")

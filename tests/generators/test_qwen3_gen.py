@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from generators.qwen3 import bindings, build, config, mined
-from mine.cmd_gen_qwen3 import build_manifest
+from generators.qwen3.generate import build_manifest
 from manifests.verify import verify
 from paths import ROOT
 from qwen3_sim import simulate

@@ -290,7 +290,7 @@ def test_no_repeating_step_invents_nothing():
 def test_gen_qwen3_through_the_analysis(name, tmp_path):
     """`mine gen qwen3` makes a verified manifest from every eager capture of the suite, its forwards
     and layer structure taken from the analysis (the geometry's config comes from the truth)."""
-    from mine.cmd_gen_qwen3 import build_manifest
+    from generators.qwen3.generate import build_manifest
     from manifests.verify import verify
 
     a, truth = analysed(name)
