@@ -60,14 +60,13 @@ def main() -> None:
           f"(written in {time.perf_counter() - t0:.0f} s)")
     results = []
     for k in range(args.runs):
-        for cache in folder.glob("pid*/.mine-cache"):
-            shutil.rmtree(cache)
+        shutil.rmtree(tmp / "cache", ignore_errors=True)   # every run cold (mining/cache.py)
         out = tmp / f"a{k}.json"
         cmd = ["taskset", "-c", args.cpus, sys.executable, "-m", "mine.cli", "analyze", str(folder),
                "--json", str(out)]
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                env=dict(os.environ, COLUMNS="200"))
+                                env=dict(os.environ, COLUMNS="200", MINE_CACHE_DIR=str(tmp / "cache")))
         err = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)     # this child's own peak, not every child's
         wall = time.perf_counter() - t

@@ -161,8 +161,9 @@ def main() -> None:
         print(f"wrote {args.launches} launches in {time.perf_counter() - t:.1f} s")
     size = (pid / name).stat().st_size
     print(f"dump: {size / 1e6:.0f} MB of {name}" + (" (compact)" if args.compact else ""))
+    os.environ["MINE_CACHE_DIR"] = str(folder / "cache")   # the children's cache (mining/cache.py)
     for run in range(1, args.runs + 1):
-        shutil.rmtree(pid / ".mine-cache", ignore_errors=True)
+        shutil.rmtree(folder / "cache", ignore_errors=True)
         for label in (f"cold ({'binary' if args.bin else 'JSON'}, writes cache)", "warm (parquet cache)"):
             sec, rss, n, p = measure(pid)
             print(f"run {run} {label}: {sec:.2f} s, peak RSS {rss:.0f} MiB, {n} launches, "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
@@ -168,21 +167,19 @@ def archive_named(path: Optional[Path]):
     """Errors about an archive's unpacked members name the archive the user gave.
 
     Why: a dump archive is read from the folder it is unpacked into (`mining.archive`), so reader
-    errors name `.../.mine-cache/<archive>-<size>-<mtime>/pid600/launches.jsonl`, a path the user
-    never typed. Within this block such a message names `<archive>:pid600/launches.jsonl`."""
-    from mining.archive import SUFFIXES
+    errors name `<cache>/archives/<archive>-<hash>/pid600/launches.jsonl` (or a temporary folder
+    with --no-cache), a path the user never typed. Within this block such a message names
+    `<archive>:pid600/launches.jsonl`."""
+    from mining.archive import user_path
 
-    if path is None or not str(path).endswith(SUFFIXES):
-        yield
-        return
-    cache = re.compile(r"[^\s'\"`]*\.mine-cache/" + re.escape(Path(path).name) + r"-\d+-\d+(\.partial)?/?")
     try:
         yield
     except (MineError, OSError) as exc:
         text = str(exc)
-        if not cache.search(text):
+        named = user_path(text)
+        if path is None or named == text:
             raise
-        raise UsageError(cache.sub(lambda m: f"{path}:" if m.group(0).endswith("/") else str(path), text)) from None
+        raise UsageError(named) from None
 
 
 @contextmanager

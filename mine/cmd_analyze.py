@@ -25,7 +25,10 @@ def analyze_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the full result (docs/analysis-json.md)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the launch timeline as PNG"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace JSON"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="do not read or write .mine-cache/"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="read and write no cache (an archive is unpacked "
+                                  "into a temporary folder, removed at exit)"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="the cache folder (default: "
+                                             "$MINE_CACHE_DIR, else $XDG_CACHE_HOME/mine or ~/.cache/mine)"),
     section: Optional[str] = typer.Option(None, "--section", help="report sections, comma-separated: forwards, "
                                           "layers, strides, pointers, fits, failures, partial, layout, names "
                                           "(default: forwards,layers, one screen)"),
@@ -54,7 +57,7 @@ def analyze_cmd(
     check_outputs([path], {"--json": json_out, "--plot": plot, "--trace": trace})
     with archive_named(path):
         with progress(f"reading {path}"):
-            dump = load_dump(path, pid=pid, cache=not no_cache)
+            dump = load_dump(path, pid=pid, cache=not no_cache, cache_dir=cache_dir)
         with progress(f"analysing {len(dump.launches):,} launches"):
             result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result, sections=sections, full=full, label=str(path))

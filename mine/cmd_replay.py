@@ -67,6 +67,10 @@ def replay_cmd(
                                        help="MiB past the highest used offset of a large allocation"),
     pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write every result as JSON"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="read and write no cache (an archive is unpacked "
+                                  "into a temporary folder, removed at exit)"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="the cache folder (default: "
+                                             "$MINE_CACHE_DIR, else $XDG_CACHE_HOME/mine or ~/.cache/mine)"),
     analysis: Optional[Path] = typer.Option(None, "--analysis",
                                             help="the dump's analysis JSON (mine analyze --json) for --flow-out"),
     flow_out: Optional[Path] = typer.Option(None, "--flow-out",
@@ -92,7 +96,7 @@ def replay_cmd(
     if analysis is not None and flow_out is None:
         raise UsageError("--analysis is read for --flow-out; give --flow-out OUT.json too")
     Gpu().close()    # no GPU: say so before any work (the replays run in worker processes)
-    dump = load_dump(dump_path, pid=pid)
+    dump = load_dump(dump_path, pid=pid, cache=not no_cache, cache_dir=cache_dir)
     seqs = select(dump, seq, kernel, forward, limit)
     results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
     _table(results, forward)

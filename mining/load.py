@@ -4,9 +4,10 @@ Why: every analysis in `mining/` works on three frames (launches, params in long
 columns declared in `schema.py`), so the expensive part -- parsing up to millions of JSON lines --
 happens once, through `load_dump`: the launch file is read in chunks on worker threads
 (`mining/jsonl.py`), each chunk turned into its frame columns on the spot (`mining/frames.py`), and
-the result is cached as parquet next to the dump (`mining/cache.py`: `<pid dir>/.mine-cache/`,
-keyed on the source's size, mtime and FRAME_VERSION). This module finds the files, checks
-meta.json, builds the modules frame and assembles the `Dump`. `CHUNK` (bytes of JSON per parse
+the result is cached as parquet in the user's cache folder (`mining/cache.py`: `--cache-dir`,
+$MINE_CACHE_DIR or ~/.cache/mine; keyed on the source's size, mtime and FRAME_VERSION; nothing
+is ever written beside the dump, and `cache=False` writes nothing anywhere).
+This module finds the files, checks meta.json, builds the modules frame and assembles the `Dump`. `CHUNK` (bytes of JSON per parse
 task) is set here and passed down to the reader.
 
 Accepted paths: a `pid<N>/` folder, a whole dump folder (the pid with the most launches unless
@@ -113,12 +114,14 @@ def _launch_count_hint(pid_dir: Path) -> int:
     return f.stat().st_size if f else -1
 
 
-def resolve(path: str | os.PathLike, pid: int | None = None) -> Path:
-    """The launches file that `path` (+ optional pid) designates."""
+def resolve(path: str | os.PathLike, pid: int | None = None, cache: bool = True,
+            cache_dir: str | os.PathLike | None = None) -> Path:
+    """The launches file that `path` (+ optional pid) designates (an archive is unpacked into the
+    cache, or with `cache=False` into a temporary folder: mining/archive.py)."""
     p = Path(path)
     if not p.exists():
         raise DumpError(f"{p}: no such file or folder")
-    p = unpack(p)  # a dump archive (.tar.xz) reads as its folder
+    p = unpack(p, cache=cache, cache_dir=cache_dir)  # a dump archive (.tar.xz) reads as its folder
     if p.is_file():
         return p
     if (f := _launch_file(p)) is not None and pid is None:
@@ -238,9 +241,12 @@ def _module_frame(folder: Path, warnings: list[str], report: FileReport | None =
     return df.astype(schema.MODULE_COLUMNS)
 
 
-def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = True) -> Dump:
-    """Read the dump at `path` into frames (see the module docstring for accepted paths)."""
-    src = resolve(path, pid)
+def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = True,
+              cache_dir: str | os.PathLike | None = None) -> Dump:
+    """Read the dump at `path` into frames (see the module docstring for accepted paths).
+    `cache=False` neither reads nor writes the cache; `cache_dir` overrides where it is
+    (mining/cache.py)."""
+    src = resolve(path, pid, cache=cache, cache_dir=cache_dir)
     folder = src.parent
     warnings: list[str] = []
     meta_warnings: list[str] = []
@@ -257,7 +263,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     fn_warnings: list[str] = []
     fns = read_functions(folder / FUNCTIONS, fn_warnings, reports[FUNCTIONS]) \
         if (folder / FUNCTIONS).is_file() else None
-    hit = read_cache(src) if cache else None
+    hit = read_cache(src, cache_dir) if cache else None
     if hit is not None:
         launches, params, warnings, reports[src.name] = hit
     else:
@@ -291,7 +297,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
         if (np.diff(order) != 1).any():
             launches = launches.iloc[order].reset_index(drop=True)
         if cache:
-            write_cache(src, launches, params, warnings, reports[src.name])
+            write_cache(src, launches, params, warnings, reports[src.name], cache_dir)
     if len(launches) == 0:
         raise DumpError(f"{src}: holds no launch records")
     warnings = meta_warnings + warnings

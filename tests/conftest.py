@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,21 @@ def gpu_available() -> bool:
     if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return False
     return count.value > 0
+
+
+def pytest_configure(config):
+    """Tests, and the processes they start, cache into a folder of this run (removed at its end),
+    never into the user's ~/.cache/mine (mining/cache.py); a MINE_CACHE_DIR already set is used
+    as it is (a developer keeping a warm cache between runs)."""
+    if not os.environ.get("MINE_CACHE_DIR"):
+        config._mine_cache = tempfile.mkdtemp(prefix="mine-test-cache-")
+        os.environ["MINE_CACHE_DIR"] = config._mine_cache
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_mine_cache", None):
+        shutil.rmtree(config._mine_cache, ignore_errors=True)
+        os.environ.pop("MINE_CACHE_DIR", None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -317,9 +317,9 @@ def test_bin_loads_to_the_frames_of_its_json_twin(tmp_path, monkeypatch, n):
     assert a.params["is_ptr"].any() and a.params["word"].any() and (a.params["buffer_id"] == 2).any()
     pd.testing.assert_frame_equal(a.launches, c.launches)
     pd.testing.assert_frame_equal(a.params, c.params)
-    c1 = load_dump(b)  # writes the parquet cache, keyed on launches.bin
-    c2 = load_dump(b)
-    assert any(p.name.startswith("launches.bin-") for p in (b / ".mine-cache").iterdir())
+    c1 = load_dump(b, cache_dir=tmp_path / "cache")  # writes the parquet cache, keyed on launches.bin
+    c2 = load_dump(b, cache_dir=tmp_path / "cache")
+    assert any(p.name.startswith("launches.bin-") for p in (tmp_path / "cache" / "frames").glob("*/*"))
     for d in (c1, c2):
         pd.testing.assert_frame_equal(a.launches, d.launches)
         pd.testing.assert_frame_equal(a.params, d.params)

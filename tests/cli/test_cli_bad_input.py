@@ -355,16 +355,22 @@ def test_bad_input_in_a_process(args, phrase, folder):
     assert _tree(folder) == before
 
 
-def test_errors_name_the_archive_not_its_cache(tmp_path, monkeypatch, capsys):
-    """A reader error inside an unpacked archive names the archive the user gave."""
+def test_errors_name_the_archive_not_its_cache(tmp_path):
+    """A reader error inside an unpacked archive names the archive the user gave (end to end, with
+    and without the cache: tests/mining/test_cache.py)."""
+    import tarfile
+
     from mine.checks import UsageError, archive_named
+    from mining.archive import unpack
+    from mining.load import DumpError
 
     arch = tmp_path / "dump.tar.xz"
-    arch.write_bytes(b"")
-    inner = tmp_path / ".mine-cache" / "dump.tar.xz-1234-5678" / "pid7" / "launches.jsonl"
+    with tarfile.open(arch, "w:xz"):
+        pass
+    inner = unpack(arch, cache_dir=tmp_path / "cache") / "pid7" / "launches.jsonl"
     with pytest.raises(UsageError) as exc:
         with archive_named(arch):
-            raise ValueError(f"{inner}: holds no parsable launch record")
+            raise DumpError(f"{inner}: holds no parsable launch record")
     assert str(exc.value) == f"{arch}:pid7/launches.jsonl: holds no parsable launch record"
     with pytest.raises(KeyError):  # a bug stays a bug
         with archive_named(arch):

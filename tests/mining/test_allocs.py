@@ -317,6 +317,7 @@ def make_bench_dump(folder: Path, n: int) -> Path:
 def bench(n: int = 1_000_000) -> None:
     """Loads it cold and warm in fresh processes (bench_load.measure), twice. The dump is made in a
     child process so that this one stays small (a child's ru_maxrss counts its parent's pages)."""
+    import os
     import shutil
     import subprocess
     import tempfile
@@ -329,8 +330,9 @@ def bench(n: int = 1_000_000) -> None:
     n_ev = len((pid / "allocs.jsonl").read_bytes().splitlines())
     print(f"dump: {(pid / 'launches.jsonl').stat().st_size / 1e6:.0f} MB launches.jsonl (no ptrs), "
           f"{n_ev} alloc events")
+    os.environ["MINE_CACHE_DIR"] = str(folder / "cache")   # the children's cache (mining/cache.py)
     for run in (1, 2):
-        shutil.rmtree(pid / ".mine-cache", ignore_errors=True)
+        shutil.rmtree(folder / "cache", ignore_errors=True)
         for label in ("cold (JSON + offline classification, writes cache)", "warm (parquet cache)"):
             sec, rss, nl, npar = bench_load.measure(pid)
             print(f"run {run} {label}: {sec:.2f} s, peak RSS {rss:.0f} MiB, {nl} launches, {npar} param rows")

@@ -63,10 +63,13 @@ def test_compressed_and_bare_file(dump_root, tmp_path, suffix, opener):
     assert len(d.launches) == raw.count(b"\n")
 
 
-def test_cache_is_used_and_invalidated(dump_root, tmp_path):
+def test_cache_is_used_and_invalidated(dump_root, tmp_path, monkeypatch):
     pid = fresh(dump_root, tmp_path)
+    monkeypatch.setenv("MINE_CACHE_DIR", str(tmp_path / "cache"))
+    listing = sorted(pid.iterdir())
     first = load_dump(pid)
-    assert list((pid / ".mine-cache").glob("*.parquet"))
+    assert list((tmp_path / "cache" / "frames").glob("pid*/*.parquet"))
+    assert sorted(pid.iterdir()) == listing   # nothing beside the dump
     again = load_dump(pid)
     assert again.launches.equals(first.launches)
     with open(pid / "launches.jsonl", "ab") as fh:
