@@ -34,6 +34,10 @@ def qwen3(
     kernels: Optional[Path] = typer.Option(None, "--kernels", hidden=True),
     analysis: Optional[Path] = typer.Option(None, "--analysis",
                                             help="The capture's analysis (`mine analyze --json`); computed when omitted."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Read and write no cache (an archive is unpacked "
+                                  "into a temporary folder, removed at exit)."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="The cache folder (default: "
+                                             "$MINE_CACHE_DIR, else $XDG_CACHE_HOME/mine or ~/.cache/mine)."),
 ) -> None:
     """Generate the Qwen3 kern manifest from a vLLM capture.
 
@@ -50,7 +54,7 @@ def qwen3(
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
     with archive_named(dump):
         result = generate_qwen3(dump, config, folder, weights=weights, chunk=chunk, pid=pid, kernels_toml=toml,
-                                analysis=analysis, progress=progress)
+                                analysis=analysis, progress=progress, cache=not no_cache, cache_dir=cache_dir)
     for line in result.lines():
         typer.echo(line)
 

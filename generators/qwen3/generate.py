@@ -64,8 +64,10 @@ def check_inputs(dump: Path, config: Path, analysis: Optional[Path] = None, weig
 
 
 def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, chunk: int = 2048,
-                   pid: Optional[int] = None, analysis: Optional[Path] = None):
-    """(config, mined, kernel table, verified manifest) of the capture at `dump_path`."""
+                   pid: Optional[int] = None, analysis: Optional[Path] = None, cache: bool = True,
+                   cache_dir: Optional[Path] = None):
+    """(config, mined, kernel table, verified manifest) of the capture at `dump_path` (`cache` and
+    `cache_dir` as in `mining.load.load_dump`)."""
     from generators.qwen3 import build, config as qconfig, mined
     from manifests.kernels import load_kernels
     from manifests.verify import verify
@@ -75,7 +77,7 @@ def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, 
 
     cfg = qconfig.load(config)
     doc = read_analysis(analysis) if analysis is not None else None
-    dump = load_dump(dump_path, pid=pid)
+    dump = load_dump(dump_path, pid=pid, cache=cache, cache_dir=cache_dir)
     if doc is None:
         doc = document(analyze(dump))
     mm = mined.mine(dump, cfg, doc)
@@ -119,10 +121,12 @@ def kernels_dir(out, mm, table, m: dict) -> list[str]:
 
 def generate_qwen3(dump: Path, config: Path, out, *, weights: Optional[Path] = None, chunk: int = 2048,
                    pid: Optional[int] = None, kernels_toml: Path = KERNELS_TOML, analysis: Optional[Path] = None,
-                   progress: Optional[Callable] = None) -> Qwen3Result:
+                   progress: Optional[Callable] = None, cache: bool = True,
+                   cache_dir: Optional[Path] = None) -> Qwen3Result:
     """Generate OUT/qwen3.json, OUT/qwen3-bindings.safetensors and OUT/kernels/ from the capture
     `dump` and the model's `config`; `weights` (a checkpoint folder) is checked to hold every bound
-    tensor. `progress(what)` (a context manager) wraps the slow read-and-mine step."""
+    tensor. `progress(what)` (a context manager) wraps the slow read-and-mine step; `cache` and
+    `cache_dir` say where the capture's cache is (mining/cache.py)."""
     from generators.folder import folder as as_folder
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
@@ -131,7 +135,7 @@ def generate_qwen3(dump: Path, config: Path, out, *, weights: Optional[Path] = N
     files = check_inputs(dump, config, analysis, weights, chunk)
     folder = as_folder(out)
     with (progress or (lambda _what: contextlib.nullcontext()))(f"reading and mining {dump}"):
-        cfg, mm, table, m = build_manifest(dump, config, kernels_toml, chunk, pid, analysis)
+        cfg, mm, table, m = build_manifest(dump, config, kernels_toml, chunk, pid, analysis, cache, cache_dir)
     if weights is not None:
         own = {k: v for k, v in m["buffers"].items() if not any(s["tensor"].startswith("mine.") for s in v.get("bind", []))}
         problems = bindings.checkpoint_problems({"buffers": own}, files)
