@@ -1,58 +1,20 @@
 """`mine replay DUMP`: re-run captured launches alone on this machine's GPU (replay/).
 
-A thin command: selection (by seq, by kernel name, by forward and call site of the analysis),
-then `replay.run.replay_seqs`, then a table or JSON. No GPU, no cuda-python, or a dump the plan
-cannot use: one sentence, exit 2 (mine.cli).
+A thin command: selection (`replay.select`: by seq, by kernel name, by forward of the analysis),
+then `replay.run.replay_seqs`, then a table or JSON (`replay.sites.with_flow` for `--flow-out`).
+No GPU, no cuda-python, or a dump the plan cannot use: one sentence, exit 2 (mine.cli).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from vocab.errors import UsageError
-
-
-def _forward_seqs(dump, forward: int) -> list[int]:
-    from mining.analyze import analyze, document
-
-    doc = document(analyze(dump))
-    for f in doc.passes.forwards:
-        if f.forward == forward:
-            return [s for first, n in f.seqs for s in range(first, first + n)]
-    raise UsageError(f"{dump.source}: the analysis finds no forward {forward} "
-                     f"(it has {len(doc.passes.forwards)}, numbered from 0)")
-
-
-def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit: int) -> list[int]:
-    """The launches to replay, in order (see `replay_cmd`'s options)."""
-    L = dump.launches
-    pool = _forward_seqs(dump, forward) if forward is not None else L["seq"].tolist()
-    if seq:
-        known = set(L["seq"].tolist())
-        bad = [s for s in seq if s not in known]
-        if bad:
-            raise UsageError(f"{dump.source}: no launch record with seq {bad[0]}")
-        return list(seq)
-    if kernel:
-        try:
-            rx = re.compile(kernel)
-        except re.error as exc:
-            raise UsageError(f"--kernel {kernel!r} is not a regular expression ({exc})") from None
-        names = dict(zip(L["seq"].tolist(), (L["symbol"].astype(str) + " " + L["name"].astype(str)).tolist()))
-        pool = [s for s in pool if rx.search(names.get(s, ""))]
-        if not pool:
-            raise UsageError(f"{dump.source}: no launch{' of that forward' if forward is not None else ''} "
-                             f"matches --kernel {kernel!r}")
-        return pool[:limit]
-    if forward is None:
-        raise UsageError("say which launches: --seq N, --kernel REGEX or --forward F")
-    return pool
 
 
 def replay_cmd(
@@ -88,6 +50,8 @@ def replay_cmd(
     from mining.load import load_dump
     from replay.gpu import Gpu
     from replay.run import replay_seqs
+    from replay.select import select
+    from replay.sites import with_flow
 
     for out in (json_out, flow_out):
         if out is not None and (out.resolve() == dump_path.resolve() or
@@ -107,24 +71,6 @@ def replay_cmd(
         doc = with_flow(dump, results, analysis)
         flow_out.write_text(json.dumps(doc.to_json(), indent=1))
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
-
-
-def with_flow(dump, results, analysis: Path | None):
-    """The analysis (read from `analysis`, or computed) with its flow section from `results`."""
-    from mining.contract import read_analysis
-    from replay.sites import flow_words
-
-    if analysis is not None:
-        doc = read_analysis(analysis)
-        if doc.source.launches != len(dump.launches):
-            raise UsageError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
-                             f"this dump has {len(dump.launches)})")
-    else:
-        from mining.analyze import analyze, document
-        doc = document(analyze(dump))
-    symbols = dict(zip(dump.launches["seq"].tolist(), dump.launches["symbol"].astype(str).tolist()))
-    doc.flow, _ = flow_words(results, doc, symbols)
-    return doc
 
 
 def _table(results, forward) -> None:

@@ -46,3 +46,25 @@ def flow_words(results, doc: AnalysisDoc, symbols: dict[int, str]) -> tuple[list
         seen.add(site)
         out += [FlowWord(site, w.i, w.at, w.direction, w.written_bytes, w.read_by, w.shared, r.seq) for w in r.words]
     return out, outside
+
+
+def with_flow(dump, results, analysis=None) -> AnalysisDoc:
+    """The dump's analysis (read from the file `analysis`, or computed) with its flow section
+    filled from the replay `results`; an analysis of another capture is a UsageError."""
+    from vocab.errors import UsageError
+
+    if analysis is not None:
+        from mining.contract import read_analysis
+
+        doc = read_analysis(analysis)
+        if doc.source.launches != len(dump.launches):
+            raise UsageError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
+                             f"this dump has {len(dump.launches)})", value=doc.source.launches,
+                             limit=len(dump.launches))
+    else:
+        from mining.analyze import analyze, document
+
+        doc = document(analyze(dump))
+    symbols = dict(zip(dump.launches["seq"].tolist(), dump.launches["symbol"].astype(str).tolist()))
+    doc.flow, _ = flow_words(results, doc, symbols)
+    return doc

@@ -1,0 +1,52 @@
+"""Which launch records `mine replay` runs: by seq, by kernel name, by forward of the analysis.
+
+The library half of `mine replay`'s selection options; bad input (a seq the dump lacks, a forward
+the analysis does not find, a regex that does not compile or matches nothing, no selection at
+all) is a `UsageError` naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vocab.errors import UsageError
+
+
+def forward_seqs(dump, forward: int) -> list[int]:
+    """The launch records of forward `forward` (from 0) of the dump's analysis, in order."""
+    from mining.analyze import analyze, document
+
+    doc = document(analyze(dump))
+    for f in doc.passes.forwards:
+        if f.forward == forward:
+            return [s for first, n in f.seqs for s in range(first, first + n)]
+    raise UsageError(f"{dump.source}: the analysis finds no forward {forward} "
+                     f"(it has {len(doc.passes.forwards)}, numbered from 0)",
+                     value=forward, limit=len(doc.passes.forwards))
+
+
+def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit: int) -> list[int]:
+    """The launches to replay, in order: the `seq`s given; else those (of `forward`, when given)
+    whose symbol or name matches `kernel`, at most `limit`; else every launch of `forward`."""
+    L = dump.launches
+    pool = forward_seqs(dump, forward) if forward is not None else L["seq"].tolist()
+    if seq:
+        known = set(L["seq"].tolist())
+        bad = [s for s in seq if s not in known]
+        if bad:
+            raise UsageError(f"{dump.source}: no launch record with seq {bad[0]}", value=bad[0])
+        return list(seq)
+    if kernel:
+        try:
+            rx = re.compile(kernel)
+        except re.error as exc:
+            raise UsageError(f"--kernel {kernel!r} is not a regular expression ({exc})", value=kernel) from None
+        names = dict(zip(L["seq"].tolist(), (L["symbol"].astype(str) + " " + L["name"].astype(str)).tolist()))
+        pool = [s for s in pool if rx.search(names.get(s, ""))]
+        if not pool:
+            raise UsageError(f"{dump.source}: no launch{' of that forward' if forward is not None else ''} "
+                             f"matches --kernel {kernel!r}", value=kernel)
+        return pool[:limit]
+    if forward is None:
+        raise UsageError("say which launches: --seq N, --kernel REGEX or --forward F")
+    return pool
