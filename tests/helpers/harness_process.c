@@ -9,15 +9,38 @@
  * is three stand-ins (subscribe, enable, version), and each launch's callback data is made by hand
  * (API entry, then exit, as CUPTI calls it). tests/capture/test_capture_fullfs.py drives it.
  *
- *   harness MAIN THREADS LAUNCHES TRUTH_DIR [CUBIN]
+ *   harness MAIN THREADS LAUNCHES TRUTH_DIR [CUBIN [SQUEEZE_MB]]
  *       as benchmarks/stress/stress.c's MAIN: THREADS threads launch LAUNCHES kernels each; once
  *       half of them are half-way, one fork execs this program as CHILD (a fresh library) and
- *       another leaves at once with _exit; with CUBIN, a module load of it first
+ *       another leaves at once with _exit; with CUBIN ("-": none), each thread reports a module
+ *       load of it before its first launch and another half-way (stress.c's lazy loads); with
+ *       SQUEEZE_MB >= 0, after the library started, address space is reserved (malloc, untouched)
+ *       until malloc fails and SQUEEZE_MB of it given back, so the threads, the library's buffers
+ *       and TLS, the fork and the exit run at the edge of `ulimit -v` (stress.c's squeeze)
  *   harness CHILD LAUNCHES TRUTH_DIR [CUBIN]
- *       one thread: (a module load,) LAUNCHES launches
+ *       one thread, as one of MAIN's
+ * With HARNESS_OOM_AT_EXIT=1 in the environment, every allocation of the library fails from the
+ * end of the program's work on (its exit handler's meta.json write among them).
+ * Built as a shared library (-DMC_HARNESS_SO, as libharness.so) and started through the launcher
+ * (this file with -DMC_HARNESS_LAUNCHER), the library is dlopened as the driver loads it, so its
+ * thread-local variables are dynamic TLS, allocated by glibc at each thread's first touch; under
+ * the squeeze that allocation can fail, and glibc then ends the process ("cannot allocate memory for
+ * thread-local data: ABORT", exit 127): the known limit of issue 14's address-space squeeze.
  * Both write TRUTH_DIR/<pid>.json (what the program did, in stress.c's form: pid, role, launches,
  * failed, modules, children, child_status, vm_peak_kb) for benchmarks/stress/check.py. */
-#ifdef MC_FAKE_LIBCUDA
+#if defined(MC_HARNESS_LAUNCHER)
+/* the launcher: dlopens the harness built as a shared library (-DMC_HARNESS_SO), so the library's
+ * thread-local variables are dynamic TLS, allocated at each thread's first touch, as when the
+ * driver dlopens the injection library */
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+  void *h = dlopen("libharness.so", RTLD_NOW | RTLD_GLOBAL);
+  int (*hm)(int, char **) = h ? (int (*)(int, char **))dlsym(h, "harness_main") : NULL;
+  if (!hm) { fprintf(stderr, "harness: %s\n", dlerror()); return 2; }
+  return hm(argc, argv);
+}
+#elif defined(MC_FAKE_LIBCUDA)
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -133,15 +156,20 @@ static void launch(int i) {
   atomic_fetch_add_explicit(&launched, 1, memory_order_relaxed);
 }
 
-static void load_module(const char *cubin_path, uint32_t id) {
-  static char cubin[1 << 20];
-  FILE *f = cubin_path ? fopen(cubin_path, "rb") : NULL;
+static char cubin[1 << 20];
+static size_t cubin_n;
+static void read_cubin(const char *path) {
+  FILE *f = path ? fopen(path, "rb") : NULL;
   if (!f) return;
-  size_t n = fread(cubin, 1, sizeof cubin, f);
+  cubin_n = fread(cubin, 1, sizeof cubin, f);
   fclose(f);
+}
+
+static void load_module(uint32_t id) {   /* as CUPTI reports a module load */
+  if (!cubin_n) return;
   CUpti_ModuleResourceData m;
   memset(&m, 0, sizeof m);
-  m.moduleId = id; m.pCubin = cubin; m.cubinSize = n;
+  m.moduleId = id; m.pCubin = cubin; m.cubinSize = cubin_n;
   CUpti_ResourceData r;
   memset(&r, 0, sizeof r);
   r.context = CTX; r.resourceDescriptor = &m;
@@ -164,40 +192,72 @@ static void write_truth(const char *role, const long *kids, const int *status, i
   if (fclose(f) == 0) rename(tmp, path);
 }
 
+static void squeeze(long give_back_mb) {
+  enum { MAXB = 1 << 16 };
+  static void *blocks[MAXB];
+  static size_t sizes[MAXB];
+  int n = 0;
+  for (size_t step = 64u << 20; step >= (4u << 10); step /= 16)
+    while (n < MAXB && (blocks[n] = malloc(step)) != NULL) sizes[n++] = step;
+  size_t back = (size_t)give_back_mb << 20, freed = 0;
+  while (n > 0 && freed < back) { freed += sizes[--n]; free(blocks[n]); }
+}
+
+static void *no_memory(void *p, size_t n) { (void)p; (void)n; return NULL; }
+static int leave(int rc) {
+  const char *oom = getenv("HARNESS_OOM_AT_EXIT");
+  if (oom && *oom == '1') mc_sys_realloc = no_memory;
+  return rc;
+}
+
 static long per_thread;
-static void *worker(void *arg) {
+static void *worker(void *arg) {   /* as stress.c's: a module first, another one half-way */
   long t = (long)arg, half = per_thread / 2;
+  load_module((uint32_t)(2 + 2 * t));
   for (long i = 0; i < per_thread; i++) {
-    if (i == half) atomic_fetch_add(&halfway, 1);
+    if (i == half) {
+      load_module((uint32_t)(3 + 2 * t));
+      atomic_fetch_add(&halfway, 1);
+    }
     launch((int)(t * per_thread + i));
   }
   return NULL;
 }
 
+#ifdef MC_HARNESS_SO
+#define main harness_main
+EXPORT int harness_main(int argc, char **argv);
+#endif
 int main(int argc, char **argv) {
   if (argc < 4) return 2;
   int child = strcmp(argv[1], "CHILD") == 0;
   const char *cubin = argc > (child ? 4 : 5) ? argv[child ? 4 : 5] : NULL;
+  if (cubin && strcmp(cubin, "-") == 0) cubin = NULL;
+  long squeeze_mb = !child && argc > 6 ? atol(argv[6]) : -1;
   snprintf(truth_dir, sizeof truth_dir, "%s", argv[child ? 3 : 4]);
   ssize_t k = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
   if (k <= 0) return 2;
   self_path[k] = 0;
   InitializeInjection();   /* the driver calls it at cuInit */
-  load_module(cubin, 1);
+  read_cubin(cubin);
   if (child) {
     per_thread = atol(argv[2]);
     worker((void *)0);
     write_truth("child", NULL, NULL, 0);
-    return 0;
+    return leave(0);
   }
   int nthreads = atoi(argv[2]);
   per_thread = atol(argv[3]);
   if (nthreads < 1 || nthreads > 64 || per_thread < 2) return 2;
+  if (squeeze_mb >= 0) squeeze(squeeze_mb);
   pthread_t th[64];
+  pthread_attr_t at;   /* small stacks: under the squeeze most threads start, and run at the edge */
+  pthread_attr_init(&at);
+  pthread_attr_setstacksize(&at, 256 << 10);
   int made = 0;
   for (long t = 0; t < nthreads; t++)
-    if (pthread_create(&th[t], NULL, worker, (void *)t) == 0) made++;
-  while (atomic_load(&halfway) < (made + 1) / 2) usleep(200);
+    if (pthread_create(&th[made], &at, worker, (void *)t) == 0) made++;
+  while (made && atomic_load(&halfway) < (made + 1) / 2) usleep(200);
   long kids[2] = {-1, -1};
   int status[2] = {-1, -1};
   pid_t a = fork();        /* a fresh injected process, on the filesystem as the parent left it */
@@ -215,6 +275,6 @@ int main(int argc, char **argv) {
   if (a > 0) waitpid(a, &status[0], 0);
   if (b > 0) waitpid(b, &status[1], 0);
   write_truth("main", kids, status, 2);
-  return 0;
+  return leave(0);
 }
 #endif
