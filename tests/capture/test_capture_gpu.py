@@ -228,3 +228,33 @@ def test_torch_graph_recorded(torch_dump):
     ev = Counter(g["event"] for g in torch_dump["graphs"])
     assert ev["capture_begin"] >= 1 and ev["capture_end"] >= 1 and ev["launch"] >= 3
     assert any(r["graph"] for r in torch_dump["launches"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_probe_under_the_toggler_loads(dumps, fmt):
+    """MINE_CAPTURE_TOGGLE_MS: the launch callbacks switched off and on by the library's thread
+    while the probe runs; the dump (meta.json `toggles` included) loads, and every launch recorded
+    is one the probe made (a launch made while the callbacks were off is simply not recorded)."""
+    from mining.load import load_dump
+
+    build = dumps / "probe_build"
+    if not (build / "probe").is_file():
+        subprocess.run([str(ROOT / "examples" / "capture_probe" / "build.sh"), str(build)], check=True)
+    dump, gt = dumps / f"probe_toggle_{fmt}", dumps / f"probe_toggle_{fmt}_truth.json"
+    env = dict(os.environ, MINE_CAPTURE_TOGGLE_MS="1")
+    r = subprocess.run([sys.executable, "-m", "mine.cli", "capture", "-o", str(dump), "--format", fmt, "--",
+                        str(build / "probe"), str(build / "probe_mod.cubin"), str(gt)],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    truth = json.loads(gt.read_text())
+    p = _proc(dump, truth["pid"])
+    m = p["meta"]
+    assert m["options"]["toggle_ms"] == 1 and "disabled" not in m
+    toggles = m.get("toggles", [])
+    assert [on for _, on in toggles] == [i % 2 for i in range(len(toggles))]   # off first, then alternating
+    assert all(a[0] < b[0] for a, b in zip(toggles, toggles[1:]))
+    d = load_dump(p["dir"], cache=False)
+    assert d.meta.get("toggles", []) == toggles and len(d.launches) == len(p["launches"])
+    assert _match([t for t in truth["launches"] if any(
+        r["symbol"] == t["symbol"] and [q["hex"] for q in r["params"]] == [q["hex"] for q in t["params"]]
+        for r in p["launches"])], p["launches"], p["tmaps"]) == []

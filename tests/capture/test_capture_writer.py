@@ -251,7 +251,9 @@ def test_unwritable_dir_turns_capture_off(harness, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "capture off" in r.stderr
 
 
+@pytest.mark.slow
 def test_cost_per_record(harness, tmp_path):
+    """A measurement for docs/benchmarks.md (`pytest -s -m slow ... -k cost`), not a timing assertion."""
     cost = {}
     for writer, pf in (("write", "1"), ("mmap", "1"), ("mmap", "0")):
         name = writer if pf == "1" else writer + "_noprefault"
@@ -266,7 +268,7 @@ def test_cost_per_record(harness, tmp_path):
 # ---------------------------------------------------------------- the allocation log (alloc.c)
 # alloc.c's event parsing, formatting, stamping and writing, compiled with writer.c into a second
 # harness and driven with the CUPTI `*_params` structs of generated_cuda_meta.h, as the callback
-# would at API entry/exit. The CUPTI dispatch itself (callbacks.c) needs a GPU: not run here.
+# would at API entry/exit. The CUPTI dispatch itself (dispatch.c): test_dispatch_paths.py.
 # cuPointerGetAttributes is a stand-in that answers "device memory, buffer id = 1000 + low bits".
 ALLOC_HARNESS = c_harness.PRELUDE + r"""
 mc_driver_t mc_drv;
