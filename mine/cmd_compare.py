@@ -127,10 +127,10 @@ def reference_cmd(
     args = [sys.executable, "-m", "compare.record_vllm", str(checkpoint), str(out), "--lengths", lengths,
             "--new", str(new), "--seed", str(seed), "--mode", mode, "--top-k", str(top_k),
             "--max-model-len", str(max_model_len)] + (["--prompts", str(prompts)] if prompts else [])
-    try:
-        import vllm  # noqa: F401  (only to say so before the child starts)
-    except ImportError:
-        raise UsageError("vLLM is not importable here; record the reference on a host that serves with it") from None
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # say so before the child starts
+        raise UsageError("vLLM is not importable here; record the reference on a host that serves with it")
     rc = subprocess.call(args, env=dict(os.environ))
     if rc != 0:
         raise typer.Exit(rc)
