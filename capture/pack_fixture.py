@@ -92,8 +92,10 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                     no_entries.add(rec["sha256"])  # origin unknown: keep records, not bytes
                 if rec.get("event") == "load" and any(CLOSED.search(e) for e in rec.get("entries", [])):
                     closed.add(rec["sha256"])
-            # Cubins the launches use come first, most-launched first: a fixture is for the kernels
-            # that ran, not for every module the process happened to load.
+            # Cubins the launches use come first, smallest first: a fixture is for the kernels that
+            # ran, not for every module the process happened to load, and within the byte budget
+            # it keeps as many of them as fit (most-launched first let two framework cubins of
+            # 2-4 MB crowd out a model's 41 KB attention kernel launched once per forward).
             for line in lines:
                 try:
                     rec = json.loads(line)
@@ -103,7 +105,7 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                 if sha:
                     uses[sha] = uses.get(sha, 0) + 1
             cubins = sorted((proc / "cubins").glob("*.cubin")) if (proc / "cubins").is_dir() else []
-            cubins.sort(key=lambda c: (-uses.get(c.stem, 0), c.stat().st_size, c.name))
+            cubins.sort(key=lambda c: (c.stem not in uses, c.stat().st_size, c.name))
             for cubin in cubins:
                 size = cubin.stat().st_size
                 if (cubin.stem in closed or cubin.stem in no_entries or cubin.stem not in uses

@@ -152,3 +152,21 @@ def test_pack_fixture_keeps_a_binary_dump_whole(tmp_path):
         used = {f["sha256"] for f in binfmt.read_functions(pid / "functions.jsonl").values()}
         assert {c.stem for c in (again / pid.name / "cubins").glob("*.cubin")} == used
     assert res["cubins_kept"] == 3 and res["cubins_dropped"] == 0
+
+
+def test_pack_fixture_budget_keeps_the_most_used_kernels(tmp_path):
+    """Under a cubin budget the packer keeps as many launched cubins as fit, smallest first: a
+    large framework cubin must not crowd out a model's small kernel (the torch capture's two
+    launched cubins, a budget one byte short of both)."""
+    from capture import binfmt, pack_fixture
+
+    d = _extract("torch_bin.tar.xz", tmp_path / "in")
+    pid = next(d.glob("pid*"))
+    sizes = sorted((c.stat().st_size, c.stem) for c in (pid / "cubins").glob("*.cubin"))
+    used = {f["sha256"] for f in binfmt.read_functions(pid / "functions.jsonl").values()}
+    assert len(sizes) >= 2 and {s for _, s in sizes} <= used
+    res = pack_fixture.pack(d, tmp_path / "out.tar.xz", max_launches=10**6,
+                            max_cubin_bytes=sizes[0][0] + sizes[1][0] - 1)
+    again = _extract(str(tmp_path / "out.tar.xz"), tmp_path / "again")
+    kept = {c.stem for c in (again / pid.name / "cubins").glob("*.cubin")}
+    assert kept == {sizes[0][1]} and res["cubins_dropped"] == len(sizes) - 1
