@@ -35,9 +35,9 @@ LIB="$(cd "$ROOT" && "$PY" -c 'from capture.launcher import find_library; print(
 BIN="$OUT/stress"
 LINK="-l:libcuda.so.1"
 if [ "${2:-}" != "--inside" ]; then
-if ! gcc -O2 -std=gnu11 -Wall -pthread -I"$CUDA_HOME/include" "$HERE/stress.c" -o "$BIN" $LINK 2>"$OUT/build.log"; then
+if ! gcc -O2 -std=gnu11 -Wall -pthread -I"$CUDA_HOME/include" "$HERE/stress.c" -o "$BIN" $LINK -ldl 2>"$OUT/build.log"; then
   gcc -O2 -std=gnu11 -Wall -pthread -I"$CUDA_HOME/include" "$HERE/stress.c" -o "$BIN" \
-      -L"$CUDA_HOME/lib64/stubs" -lcuda 2>>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 2; }
+      -L"$CUDA_HOME/lib64/stubs" -lcuda -ldl 2>>"$OUT/build.log" || { cat "$OUT/build.log" >&2; exit 2; }
 fi
 
 {

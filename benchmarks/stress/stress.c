@@ -19,17 +19,82 @@
  * TRUTH_DIR/<pid>.json gets what was done: {"pid", "role", "launches", "failed", "modules",
  * "children": [pid, ...], "child_status": [...], "vm_peak_kb"}, written outside the dump's
  * filesystem.
- * Exit status 0 unless the program itself could not run (no device, no module at all). */
+ * Exit status 0 unless the program itself could not run (no device, no module at all).
+ * A fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) is reported on stderr before the
+ * program dies of it (same exit status): "stress: signal N at PC in OBJECT (SYMBOL+OFF), fault
+ * address A, thread T", then the stack, so a crash names the library it happened in (the driver,
+ * the capture library, libc). The handler runs on an alternate stack (a stack overflow is one of
+ * the faults it must report). */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <ucontext.h>
 #include <unistd.h>
+
+/* ---- a fatal signal, reported ---- */
+static void say(const char *s) {
+  size_t n = strlen(s);
+  while (n) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w; n -= (size_t)w;
+  }
+}
+
+static void on_fatal(int sig, siginfo_t *si, void *uc_) {
+  ucontext_t *uc = uc_;
+  void *pc = NULL;
+#if defined(__x86_64__)
+  pc = (void *)uc->uc_mcontext.gregs[REG_RIP];
+#else
+  (void)uc;
+#endif
+  Dl_info di;
+  memset(&di, 0, sizeof di);
+  char line[1024];
+  int ok = pc && dladdr(pc, &di);
+  snprintf(line, sizeof line, "stress: signal %d at %p in %s (%s+0x%lx), fault address %p, thread %ld\n", sig, pc,
+           ok && di.dli_fname ? di.dli_fname : "?", ok && di.dli_sname ? di.dli_sname : "?",
+           ok ? (unsigned long)((char *)pc - (char *)(di.dli_sname ? di.dli_saddr : di.dli_fbase)) : 0ul,
+           si ? si->si_addr : NULL, (long)syscall(SYS_gettid));
+  say(line);
+  void *frames[48];
+  int n = backtrace(frames, 48);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);   /* die of it: the exit status run.sh sees stays the signal's */
+  raise(sig);
+}
+
+static void alt_stack(void) {   /* per thread: where the handler runs */
+  stack_t ss;
+  ss.ss_sp = malloc(64 << 10);
+  ss.ss_size = 64 << 10;
+  ss.ss_flags = 0;
+  if (ss.ss_sp) sigaltstack(&ss, NULL);
+}
+
+static void report_fatal_signals(void) {
+  void *warm[2];
+  backtrace(warm, 2);   /* loads what backtrace needs now, not in the handler */
+  alt_stack();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fatal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+  for (unsigned i = 0; i < sizeof sigs / sizeof *sigs; i++) sigaction(sigs[i], &sa, NULL);
+}
 
 static CUcontext ctx;
 static long per_thread;
@@ -87,6 +152,7 @@ static void launch_n(CUfunction fn, CUstream s, long from, long to, CUdeviceptr 
 
 static void *worker(void *arg) {
   long t = (long)arg;
+  alt_stack();
   if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) { atomic_fetch_add(&failed, per_thread); return NULL; }
   CUstream s = NULL;
   if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) s = NULL;
@@ -148,6 +214,7 @@ static int run_child(long n) {
 }
 
 int main(int argc, char **argv) {
+  report_fatal_signals();
   if (argc >= 4 && strcmp(argv[1], "CHILD") == 0) {
     snprintf(truth_dir, sizeof truth_dir, "%s", argv[3]);
     return run_child(atol(argv[2]));
