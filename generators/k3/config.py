@@ -8,6 +8,7 @@ numbers describe a real checkpoint (binds.py does that against safetensors heade
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -133,11 +134,39 @@ class K3:
         return self.tensor_prefix + name
 
 
+NON_NEGATIVE = {"mla_layer_offset", "first_k_dense_replace"}  # int fields that may be 0
+
+
+def _bad_value(f, v) -> str | None:
+    """What is wrong with `v` as the value of field `f`, or None."""
+    def is_int(x):
+        return type(x) is int
+
+    if f.type == "int":
+        low = 0 if f.name in NON_NEGATIVE else 1
+        return None if is_int(v) and v >= low else f"must be an integer of at least {low}"
+    if f.type == "float":
+        return None if type(v) in (int, float) and math.isfinite(v) else "must be a finite number"
+    if f.type == "str":
+        return None if isinstance(v, str) else "must be a string"
+    if f.name == "mla_extra_layers":
+        return None if isinstance(v, list) and all(is_int(x) and x >= 0 for x in v) else \
+            "must be a list of layer indices"
+    if f.name == "n_routed_experts_choices":
+        ok = isinstance(v, dict) and v and all(k.isdigit() and int(k) > 0 and isinstance(c, str) for k, c in v.items())
+        return None if ok else "must map expert counts to checkpoint names"
+    return None
+
+
 def _from_dict(raw: dict, where: str) -> K3:
     names = [f.name for f in fields(K3)]
     missing = [n for n in names if n not in raw]
     if missing:
         raise ConfigError(f"{where}: K3 config lacks {', '.join(missing)}")
+    for f in fields(K3):
+        why = _bad_value(f, raw[f.name])
+        if why:
+            raise ConfigError(f"{where}: `{f.name}` {why}, got {raw[f.name]!r}", value=raw[f.name])
     vals = {n: raw[n] for n in names}
     vals["mla_extra_layers"] = tuple(vals["mla_extra_layers"])
     cfg = K3(**vals)
