@@ -21,7 +21,8 @@ class CheckpointError(MineError, OSError):
 
 
 def read_header(path: Path) -> dict:
-    """tensor name -> {dtype, shape, data_offsets} of the safetensors file `path` (no metadata)."""
+    """tensor name -> {dtype, shape, data_offsets} of the safetensors file `path` (no metadata);
+    every tensor's dtype is a string and its shape a list of sizes."""
     path = Path(path)
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -38,4 +39,9 @@ def read_header(path: Path) -> dict:
     if not isinstance(header, dict):
         raise CheckpointError(f"{path.name}: the safetensors header is not a JSON object")
     header.pop("__metadata__", None)
+    for name, info in header.items():
+        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+              and all(type(d) is int and d >= 0 for d in info["shape"]))
+        if not ok:
+            raise CheckpointError(f"{path.name}: tensor `{name}` has no dtype and shape in the header", value=name)
     return header
