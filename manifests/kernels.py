@@ -114,6 +114,7 @@ def _entry(where: str, raw: Any, bad: list[str]) -> Entry | None:
     params, block, grid = raw.get("params"), raw.get("block"), raw.get("grid")
     if not isinstance(params, list) or not all(isinstance(p, str) and is_canonical_param_type(p.strip()) for p in params):
         bad.append(f"{where}.params: must be a list of kern param types, got {params!r}")
+        params = []  # reported above; the entry is kept only for the other checks' messages
     if not (isinstance(block, list) and len(block) == 3 and all(type(b) is int and b > 0 for b in block)
             and block[0] * block[1] * block[2] <= 1024):
         bad.append(f"{where}.block: must be three positive integers with at most 1024 threads, got {block!r}")
@@ -122,7 +123,7 @@ def _entry(where: str, raw: Any, bad: list[str]) -> Entry | None:
     shared = raw.get("shared_mem", 0)
     if not _expr_ok(shared):
         bad.append(f"{where}.shared_mem: must be a kern expression, got {shared!r}")
-    return Entry([p.strip() for p in params or []], block, grid, shared)
+    return Entry([p.strip() for p in params], block, grid, shared)
 
 
 def _module(name: str, raw: Any, bad: list[str]) -> Module | None:

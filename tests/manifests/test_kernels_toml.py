@@ -77,6 +77,8 @@ def test_variant_names_sort_defines():
      "`source` and `prebuilt` are exclusive"),
     (lambda t: t.replace('source = "src/dbl.cu"', ''), "needs `source`, `prebuilt`, or at least `upstream`"),
     (lambda t: t.replace('"i32"]', '"u32"]'), "params: must be a list of kern param types"),
+    (lambda t: t.replace('"i32"]', '7]'), "params: must be a list of kern param types"),      # not a string
+    (lambda t: t.replace('"i32"]', '["i32"]]'), "params: must be a list of kern param types"),
     (lambda t: t.replace("block = [256, 1, 1]", "block = [2048, 1, 1]"), "at most 1024 threads"),
     (lambda t: t.replace('ceil_div = ["n", 256]', 'ceil_div = ["n", 0]'), "grid: must be three kern expressions"),
     (lambda t: t.replace('where = "lib/gemm.cubin", ', ''), "upstream.where: required text"),
