@@ -44,12 +44,31 @@ KIND_FAMILY = {
 ENABLES = ("ALWAYS", "LAUNCHES", "ALLOC_LOG")
 
 
+# How an allocation-log event's base, size and handle are read from the call's `*_params`:
+#   in:F (the value of field F), ptr:F (a pointer-typed field F, as a number), out:F (F points to
+#   the value, read at the API's exit), outv:F (F points to a pointer), pitch (pPitch x Height),
+#   desc (bufferDesc->size), none (the API does not give it).
+READS = ("in", "ptr", "out", "outv", "pitch", "desc", "none")
+
+
+@dataclass(frozen=True)
+class Log:
+    """What an allocation, free or mapping call becomes in allocs.jsonl (capture/src/alloc.c)."""
+    event: str           # allocs.jsonl "event"
+    base: str = "none"
+    size: str = "none"
+    handle: str = "none"
+    device: bool = False # base..base+size becomes device memory (the driver is asked for its id)
+    struct: str = ""     # the CUPTI *_params struct when the call has none of its own
+
+
 @dataclass(frozen=True)
 class Callback:
     name: str            # the API, as CUPTI_DRIVER_TRACE_CBID_<name> and in records' "api"
     kind: str            # a key of KIND_FAMILY
     enable: str = "LAUNCHES"
     v1: bool = False     # kernel nodes: the parameters are CUDA_KERNEL_NODE_PARAMS_v1 (no kern/ctx)
+    log: Log | None = None  # the allocation log's reading of the call (free, alloc, alloc_log families)
 
     @property
     def family(self) -> str:
@@ -63,7 +82,7 @@ class Callback:
     @property
     def logged(self) -> bool:
         """Written to allocs.jsonl when the allocation log is on (capture/src/alloc.c)."""
-        return self.family in ("free", "alloc", "alloc_log")
+        return self.log is not None
 
     @property
     def at_entry(self) -> bool:
@@ -73,6 +92,15 @@ class Callback:
 
 def _cbs(kind: str, *names: str, **kw) -> tuple[Callback, ...]:
     return tuple(Callback(n, kind, **kw) for n in names)
+
+
+def _logged(kind: str, enable: str, groups) -> tuple[Callback, ...]:
+    """Rows of the allocation log: (name or names, Log) groups, in order."""
+    out = []
+    for names, log in groups:
+        for n in (names,) if isinstance(names, str) else names:
+            out.append(Callback(n, kind, enable=enable, log=log))
+    return tuple(out)
 
 
 # Launch records: the APIs in the order of their binary `api` byte (docs/dump-format.md).
@@ -93,17 +121,41 @@ CALLBACKS: tuple[Callback, ...] = (
     *LAUNCH_APIS,
     *_cbs("MODULE", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
           "cuLibraryGetModule", enable="ALWAYS"),
-    *_cbs("FREE", "cuMemFree", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemRelease",
-          "cuMemUnmap"),
-    *_cbs("FREE", "cuIpcCloseMemHandle", "cuMemAddressFree", "cuMemFreeHost", "cuMemHostUnregister",
-          enable="ALLOC_LOG"),
-    *_cbs("ALLOC", "cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocPitch", "cuMemAllocPitch_v2", "cuMemAllocAsync",
-          "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuMemAllocManaged",
-          "cuMemMap", "cuMemSetAccess", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuMemPoolImportPointer",
-          "cuExternalMemoryGetMappedBuffer", "cuGraphicsResourceGetMappedPointer",
-          "cuGraphicsResourceGetMappedPointer_v2", "cuMemHostAlloc", "cuMemHostAlloc_v2", "cuMemAllocHost",
-          "cuMemAllocHost_v2", "cuMemHostRegister", "cuMemHostRegister_v2"),
-    *_cbs("ALLOC_LOG", "cuMemCreate", "cuMemAddressReserve", enable="ALLOC_LOG"),
+    *_logged("FREE", "LAUNCHES", (
+        (("cuMemFree", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"), Log("free", base="in:dptr")),
+        ("cuMemRelease", Log("release", handle="in:handle")),
+        ("cuMemUnmap", Log("unmap", base="in:ptr", size="in:size")),
+    )),
+    *_logged("FREE", "ALLOC_LOG", (
+        ("cuIpcCloseMemHandle", Log("ipc_close", base="in:dptr")),
+        ("cuMemAddressFree", Log("unreserve", base="in:ptr", size="in:size")),
+        ("cuMemFreeHost", Log("host_free", base="ptr:p")),
+        ("cuMemHostUnregister", Log("host_unregister", base="ptr:p")),
+    )),
+    *_logged("ALLOC", "LAUNCHES", (
+        (("cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocManaged"),
+         Log("alloc", base="out:dptr", size="in:bytesize", device=True)),
+        (("cuMemAllocPitch", "cuMemAllocPitch_v2"), Log("alloc", base="out:dptr", size="pitch", device=True)),
+        (("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"),
+         Log("alloc", base="out:dptr", size="in:bytesize", handle="ptr:pool", device=True)),
+        ("cuMemMap", Log("map", base="in:ptr", size="in:size", handle="in:handle", device=True)),
+        ("cuMemSetAccess", Log("access", base="in:ptr", size="in:size")),
+        (("cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"), Log("ipc_open", base="out:pdptr", device=True)),
+        ("cuMemPoolImportPointer", Log("import", base="out:ptr_out", handle="ptr:pool", device=True)),
+        ("cuExternalMemoryGetMappedBuffer",
+         Log("ext_map", base="out:devPtr", size="desc", handle="ptr:extMem", device=True)),
+        (("cuGraphicsResourceGetMappedPointer", "cuGraphicsResourceGetMappedPointer_v2"),
+         Log("gfx_map", base="out:pDevPtr", size="out:pSize", handle="ptr:resource", device=True)),
+        # pinned host memory: logged for completeness; it is host memory (mining leaves it alone)
+        ("cuMemHostAlloc", Log("host_alloc", base="outv:pp", size="in:bytesize")),
+        ("cuMemHostAlloc_v2", Log("host_alloc", base="outv:pp", size="in:bytesize", struct="cuMemHostAlloc")),
+        (("cuMemAllocHost", "cuMemAllocHost_v2"), Log("host_alloc", base="outv:pp", size="in:bytesize")),
+        (("cuMemHostRegister", "cuMemHostRegister_v2"), Log("host_register", base="ptr:p", size="in:bytesize")),
+    )),
+    *_logged("ALLOC_LOG", "ALLOC_LOG", (
+        ("cuMemCreate", Log("create", size="in:size", handle="out:handle")),
+        ("cuMemAddressReserve", Log("reserve", base="out:ptr", size="in:size")),
+    )),
     Callback("cuTensorMapEncodeTiled", "TMAP_TILED"), Callback("cuTensorMapEncodeIm2col", "TMAP_IM2COL"),
     Callback("cuTensorMapEncodeIm2colWide", "TMAP_IM2COL_WIDE"),
     *_cbs("CAPTURE_BEGIN", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
@@ -172,6 +224,18 @@ def _xmacro(name: str, rows: list[str], doc: str) -> list[str]:
     return out + [""]
 
 
+def _read(spec: str) -> str:
+    mode, _, field = spec.partition(":")
+    assert mode in READS, spec
+    return f"{mode.upper()}, {field or '_'}"
+
+
+def _log_row(c: Callback) -> str:
+    log = c.log
+    return (f"X({c.name}, {log.struct or c.name}, \"{log.event}\", {_read(log.base)}, {_read(log.size)}, "
+            f"{_read(log.handle)}, {int(log.device)})")
+
+
 def render_header() -> str:
     """capture/src/tables.h, as this module states it."""
     kinds = list(KIND_FAMILY)
@@ -184,6 +248,8 @@ def render_header() -> str:
         f"X({c.name}, {c.kind}, {c.enable}, {API_NAMES.index(c.name) if c.name in API_NAMES else -1}, "
         f"{int(c.v1)}, {int(c.ptsz)}, {int(c.logged)}, {int(c.at_entry)})" for c in CALLBACKS],
         "X(name, kind, enable, api byte or -1, v1 node params, ptsz, allocation-logged, stamped at entry)")
+    lines += _xmacro("MC_ALLOC_LOG", [_log_row(c) for c in CALLBACKS if c.log],
+                     "X(name, params struct, event, base read, field, size read, field, handle read, field, device)")
     lines += _xmacro("MC_CB_KINDS", [f"X({k}, {KIND_FAMILY[k].upper()})" for k in kinds], "X(kind, family)")
     lines += _xmacro("MC_CB_FAMILIES", [f"X({f.upper()})" for f in fams], "X(family)")
     lines += _xmacro("MC_LAUNCH_APIS", [f"X({i}, {n})" for i, n in enumerate(API_NAMES)],

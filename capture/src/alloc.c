@@ -42,6 +42,23 @@ static inline unsigned word_slot(uint64_t v, unsigned n) {
   return (unsigned)((v * 0x9E3779B97F4A7C15ull) >> 40) % n;
 }
 
+/* The driver's answer for v: 1 device (or unified) memory, its range and BUFFER_ID in out; 0 not
+ * device memory; -1 the query failed (counted by the choke point). */
+static int ask_driver(uint64_t v, mc_alloc_t *out) {
+  unsigned int mtype = 0;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  unsigned long long id = 0;
+  CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  void *data[4] = {&mtype, &start, &size, &id};
+  /* Unlike the singular query, this one answers "not a CUDA pointer" with zeros and success. */
+  if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)v) != CUDA_SUCCESS) return -1;
+  if ((mtype != CU_MEMORYTYPE_DEVICE && mtype != CU_MEMORYTYPE_UNIFIED) || size == 0) return 0;
+  *out = (mc_alloc_t){.base = start, .size = size, .id = id};
+  return 1;
+}
+
 int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   if (!PLAUSIBLE(v)) return 0;
   unsigned ep = atomic_load_explicit(&mc_free_epoch, memory_order_acquire) + 1; /* 0 = empty */
@@ -55,22 +72,16 @@ int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
   unsigned slot = word_slot(v, NEG_N);
   if (tl_neg[slot].epoch == aep && tl_neg[slot].v == v) return 0;
-  unsigned int mtype = 0;
-  CUdeviceptr start = 0;
-  size_t size = 0;
-  unsigned long long id = 0;
-  CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
-  void *data[4] = {&mtype, &start, &size, &id};
-  /* Unlike the singular query, this one answers "not a CUDA pointer" with zeros and success. */
-  if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)v) != CUDA_SUCCESS) return 0;
-  if ((mtype != CU_MEMORYTYPE_DEVICE && mtype != CU_MEMORYTYPE_UNIFIED) || size == 0) {
+  mc_alloc_t a;
+  int r = ask_driver(v, &a);
+  if (r < 0) return 0;
+  if (r == 0) {
     tl_neg[slot].v = v; tl_neg[slot].epoch = aep;
     return 0;
   }
   cache_ent_t *c = &tl_cache[tl_next++ % CACHE_N];
-  c->base = start; c->size = size; c->id = id; c->epoch = ep;
-  out->base = start; out->size = size; out->id = id;
+  c->base = a.base; c->size = a.size; c->id = a.id; c->epoch = ep;
+  *out = a;
   return 1;
 }
 
@@ -231,19 +242,24 @@ unsigned mc_host_sections(jb_t *b, const mc_entry_t *ce, const unsigned char *bl
  * written at exit either way, with the API's CUresult (a failed call is logged, readers skip it).
  * Device allocations and mappings ask the driver once (cuPointerGetAttributes, as the per-launch
  * classification does) for the BUFFER_ID, and for the size when the API does not give one. */
-#define EV(ev, b, sz, h, dv)                                                                 \
-  do {                                                                                       \
-    e->event = ev; e->base = (b); e->size = (sz); e->handle = (h);                           \
-    e->has = 0u | ((b) != NO ? MC_AE_BASE : 0) | ((sz) != NO ? MC_AE_SIZE : 0) |            \
-             ((h) != NO ? MC_AE_HANDLE : 0);                                                 \
-    e->device = dv;                                                                          \
-    if (e->base == NO) e->base = 0;                                                          \
-    if (e->size == NO) e->size = 0;                                                          \
-    if (e->handle == NO) e->handle = 0;                                                      \
-  } while (0)
-#define NO UINT64_MAX                                 /* "the API does not give this" */
-#define OUTP(pp) ((pp) ? (uint64_t)*(pp) : NO)        /* an out-pointer, read at exit */
-#define OUTV(pp) ((pp) ? (uint64_t)(uintptr_t)*(pp) : NO)
+#define NO UINT64_MAX                                  /* "the API does not give this" */
+/* How a field is read (vocab/capture_tables.py READS); out-pointers are valid at API exit only. */
+#define READ_IN(p, f) ((uint64_t)(p)->f)
+#define READ_PTR(p, f) ((uint64_t)(uintptr_t)(p)->f)
+#define READ_OUT(p, f) ((p)->f ? (uint64_t)*(p)->f : NO)
+#define READ_OUTV(p, f) ((p)->f ? (uint64_t)(uintptr_t)*(p)->f : NO)
+#define READ_PITCH(p, f) ((p)->pPitch ? (uint64_t)*(p)->pPitch * (p)->Height : NO)
+#define READ_DESC(p, f) ((p)->bufferDesc ? (uint64_t)(p)->bufferDesc->size : NO)
+#define READ_NONE(p, f) NO
+
+static void ev_set(mc_alloc_ev_t *e, const char *event, uint64_t base, uint64_t size, uint64_t handle, int device) {
+  e->event = event;
+  e->has = (base != NO ? MC_AE_BASE : 0u) | (size != NO ? MC_AE_SIZE : 0u) | (handle != NO ? MC_AE_HANDLE : 0u);
+  e->base = base != NO ? base : 0;
+  e->size = size != NO ? size : 0;
+  e->handle = handle != NO ? handle : 0;
+  e->device = device;
+}
 
 /* The logged rows of the callback table (tables.h): the API's name and whether it is stamped at
  * its entry; NULL when the log does not take the call. */
@@ -257,138 +273,19 @@ static const char *logged(CUpti_CallbackId cbid, int *at_entry) {
   }
 }
 
-/* The event the call's parameters describe (what each API gives: base, size, handle). */
+/* The event the call's parameters describe: one case per logged row of tables.h MC_ALLOC_LOG,
+ * each reading its own *_params struct (pasted, never passed on: cuda.h defines some API names
+ * as macros). */
 static int ev_fields(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *e) {
   switch (cbid) {
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc: {
-    const cuMemAlloc_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
+#define LOG_CASE(n, st, event, bm, bf, sm, sf, hm, hf, device)                                       \
+  case CUPTI_DRIVER_TRACE_CBID_##n: {                                                                \
+    const st##_params *p = params;                                                                   \
+    ev_set(e, event, READ_##bm(p, bf), READ_##sm(p, sf), READ_##hm(p, hf), device);                  \
+    return 1;                                                                                        \
   }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2: {
-    const cuMemAlloc_v2_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch: {
-    const cuMemAllocPitch_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocPitch_v2: {
-    const cuMemAllocPitch_v2_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->pPitch ? (uint64_t)*p->pPitch * p->Height : NO, NO, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync_ptsz: {
-    const cuMemAllocAsync_params *p = params; /* the _ptsz struct has the same fields */
-    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync:
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz: {
-    const cuMemAllocFromPoolAsync_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->bytesize, (uint64_t)(uintptr_t)p->pool, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocManaged: {
-    const cuMemAllocManaged_params *p = params;
-    EV("alloc", OUTP(p->dptr), p->bytesize, NO, 1); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFree: {
-    const cuMemFree_params *p = params;
-    EV("free", (uint64_t)p->dptr, NO, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2: {
-    const cuMemFree_v2_params *p = params;
-    EV("free", (uint64_t)p->dptr, NO, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync: case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz: {
-    const cuMemFreeAsync_params *p = params;
-    EV("free", (uint64_t)p->dptr, NO, NO, 0);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemCreate: {
-    const cuMemCreate_params *p = params;
-    EV("create", NO, p->size, OUTP(p->handle), 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemRelease: {
-    const cuMemRelease_params *p = params;
-    EV("release", NO, NO, (uint64_t)p->handle, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAddressReserve: {
-    const cuMemAddressReserve_params *p = params;
-    EV("reserve", OUTP(p->ptr), p->size, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAddressFree: {
-    const cuMemAddressFree_params *p = params;
-    EV("unreserve", (uint64_t)p->ptr, p->size, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemMap: {
-    const cuMemMap_params *p = params;
-    EV("map", (uint64_t)p->ptr, p->size, (uint64_t)p->handle, 1); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap: {
-    const cuMemUnmap_params *p = params;
-    EV("unmap", (uint64_t)p->ptr, p->size, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemSetAccess: {
-    const cuMemSetAccess_params *p = params;
-    EV("access", (uint64_t)p->ptr, p->size, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle: case CUPTI_DRIVER_TRACE_CBID_cuIpcOpenMemHandle_v2: {
-    const cuIpcOpenMemHandle_v2_params *p = params;
-    EV("ipc_open", OUTP(p->pdptr), NO, NO, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuIpcCloseMemHandle: {
-    const cuIpcCloseMemHandle_params *p = params;
-    EV("ipc_close", (uint64_t)p->dptr, NO, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemPoolImportPointer: {
-    const cuMemPoolImportPointer_params *p = params;
-    EV("import", OUTP(p->ptr_out), NO, (uint64_t)(uintptr_t)p->pool, 1); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuExternalMemoryGetMappedBuffer: {
-    const cuExternalMemoryGetMappedBuffer_params *p = params;
-    EV("ext_map", OUTP(p->devPtr), p->bufferDesc ? p->bufferDesc->size : NO, (uint64_t)(uintptr_t)p->extMem, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer: {
-    const cuGraphicsResourceGetMappedPointer_params *p = params;
-    EV("gfx_map", OUTP(p->pDevPtr), OUTP(p->pSize), (uint64_t)(uintptr_t)p->resource, 1);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuGraphicsResourceGetMappedPointer_v2: {
-    const cuGraphicsResourceGetMappedPointer_v2_params *p = params;
-    EV("gfx_map", OUTP(p->pDevPtr), OUTP(p->pSize), (uint64_t)(uintptr_t)p->resource, 1);
-    return 1;
-  }
-  /* Pinned host memory: logged for completeness; it is host memory (mining leaves it alone). */
-  case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc: case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc_v2: {
-    const cuMemHostAlloc_params *p = params; /* no _v2 struct in the header: same signature */
-    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost: {
-    const cuMemAllocHost_params *p = params;
-    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2: {
-    const cuMemAllocHost_v2_params *p = params;
-    EV("host_alloc", OUTV(p->pp), p->bytesize, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister: case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2: {
-    const cuMemHostRegister_v2_params *p = params;
-    EV("host_register", (uint64_t)(uintptr_t)p->p, p->bytesize, NO, 0);
-    return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost: {
-    const cuMemFreeHost_params *p = params;
-    EV("host_free", (uint64_t)(uintptr_t)p->p, NO, NO, 0); return 1;
-  }
-  case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister: {
-    const cuMemHostUnregister_params *p = params;
-    EV("host_unregister", (uint64_t)(uintptr_t)p->p, NO, NO, 0); return 1;
-  }
+    MC_ALLOC_LOG(LOG_CASE)
+#undef LOG_CASE
   default:
     return 0;
   }
@@ -403,10 +300,7 @@ int mc_alloc_ev_parse(CUpti_CallbackId cbid, const void *params, mc_alloc_ev_t *
   e->at_entry = entry;
   return 1;
 }
-#undef EV
 #undef NO
-#undef OUTP
-#undef OUTV
 
 void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *st) {
   jb_lit(b, "\"seq_before\":"); jb_u64(b, st->seq_before);
@@ -451,21 +345,12 @@ void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const voi
   tl_pend.valid = 0;
   st.result = result;
   st.id = -1;
-  if (result == CUDA_SUCCESS && e.device && (e.has & MC_AE_BASE) && e.base) {
-    unsigned int mtype = 0;
-    CUdeviceptr start = 0;
-    size_t size = 0;
-    unsigned long long id = 0;
-    CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
-    void *data[4] = {&mtype, &start, &size, &id};
-    if (MC_CU(cuPointerGetAttributes, 4, attrs, data, (CUdeviceptr)e.base) == CUDA_SUCCESS &&
-        (mtype == CU_MEMORYTYPE_DEVICE || mtype == CU_MEMORYTYPE_UNIFIED) && size) {
-      if (id) st.id = (int64_t)id;
-      if (!(e.has & MC_AE_SIZE) && start <= e.base && e.base - start < size) {
-        e.size = size - (e.base - start);
-        e.has |= MC_AE_SIZE;
-      }
+  mc_alloc_t a;
+  if (result == CUDA_SUCCESS && e.device && (e.has & MC_AE_BASE) && e.base && ask_driver(e.base, &a) == 1) {
+    if (a.id) st.id = (int64_t)a.id;
+    if (!(e.has & MC_AE_SIZE) && a.base <= e.base && e.base - a.base < a.size) {
+      e.size = a.size - (e.base - a.base);
+      e.has |= MC_AE_SIZE;
     }
   }
   st.t_ns = mc_now_ns();

@@ -186,6 +186,8 @@ const char *const mc_api_names[MC_API_COUNT] = {
 #undef API_NAME
 };
 
+static void launch_params(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn);
+
 void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn) {
   jb_lit(b, "\"t_ns\":"); jb_u64(b, L->t_ns);
   jb_lit(b, ",\"tid\":"); jb_u64(b, (uint64_t)L->tid);
@@ -208,7 +210,11 @@ void mc_launch_json(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t 
   jb_u64(b, L->block[2]);
   jb_lit(b, "],\"smem\":"); jb_u64(b, L->smem);
   launch_attrs(b, L->cfg);
+  launch_params(b, L, e, fn);
+}
 
+/* packing, layout (default form), params and extra_hex: the parameter bytes of a launch record */
+static void launch_params(jb_t *b, const mc_launch_t *L, const mc_entry_t *e, int64_t fn) {
   /* Packed `extra`: find the buffer and its size. */
   const unsigned char *xbuf = NULL;
   size_t xsize = 0;

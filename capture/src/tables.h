@@ -39,13 +39,13 @@
   X(cuMemHostUnregister, FREE, ALLOC_LOG, -1, 0, 0, 1, 1) \
   X(cuMemAlloc, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemAlloc_v2, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
-  X(cuMemAllocPitch, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
-  X(cuMemAllocPitch_v2, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemAllocAsync, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemAllocAsync_ptsz, ALLOC, LAUNCHES, -1, 0, 1, 1, 0) \
+  X(cuMemAllocManaged, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
+  X(cuMemAllocPitch, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
+  X(cuMemAllocPitch_v2, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemAllocFromPoolAsync, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemAllocFromPoolAsync_ptsz, ALLOC, LAUNCHES, -1, 0, 1, 1, 0) \
-  X(cuMemAllocManaged, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemMap, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemSetAccess, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuIpcOpenMemHandle, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
@@ -82,6 +82,45 @@
   X(cuGraphLaunch_ptsz, GRAPH_LAUNCH, LAUNCHES, -1, 0, 1, 0, 0) \
   X(cuGraphExecDestroy, EXEC_DESTROY, LAUNCHES, -1, 0, 0, 0, 0) \
   X(cuGraphDestroy, GRAPH_DESTROY, LAUNCHES, -1, 0, 0, 0, 0) \
+  /* end */
+
+/* X(name, params struct, event, base read, field, size read, field, handle read, field, device) */
+#define MC_ALLOC_LOG(X) \
+  X(cuMemFree, cuMemFree, "free", IN, dptr, NONE, _, NONE, _, 0) \
+  X(cuMemFree_v2, cuMemFree_v2, "free", IN, dptr, NONE, _, NONE, _, 0) \
+  X(cuMemFreeAsync, cuMemFreeAsync, "free", IN, dptr, NONE, _, NONE, _, 0) \
+  X(cuMemFreeAsync_ptsz, cuMemFreeAsync_ptsz, "free", IN, dptr, NONE, _, NONE, _, 0) \
+  X(cuMemRelease, cuMemRelease, "release", NONE, _, NONE, _, IN, handle, 0) \
+  X(cuMemUnmap, cuMemUnmap, "unmap", IN, ptr, IN, size, NONE, _, 0) \
+  X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, "ipc_close", IN, dptr, NONE, _, NONE, _, 0) \
+  X(cuMemAddressFree, cuMemAddressFree, "unreserve", IN, ptr, IN, size, NONE, _, 0) \
+  X(cuMemFreeHost, cuMemFreeHost, "host_free", PTR, p, NONE, _, NONE, _, 0) \
+  X(cuMemHostUnregister, cuMemHostUnregister, "host_unregister", PTR, p, NONE, _, NONE, _, 0) \
+  X(cuMemAlloc, cuMemAlloc, "alloc", OUT, dptr, IN, bytesize, NONE, _, 1) \
+  X(cuMemAlloc_v2, cuMemAlloc_v2, "alloc", OUT, dptr, IN, bytesize, NONE, _, 1) \
+  X(cuMemAllocAsync, cuMemAllocAsync, "alloc", OUT, dptr, IN, bytesize, NONE, _, 1) \
+  X(cuMemAllocAsync_ptsz, cuMemAllocAsync_ptsz, "alloc", OUT, dptr, IN, bytesize, NONE, _, 1) \
+  X(cuMemAllocManaged, cuMemAllocManaged, "alloc", OUT, dptr, IN, bytesize, NONE, _, 1) \
+  X(cuMemAllocPitch, cuMemAllocPitch, "alloc", OUT, dptr, PITCH, _, NONE, _, 1) \
+  X(cuMemAllocPitch_v2, cuMemAllocPitch_v2, "alloc", OUT, dptr, PITCH, _, NONE, _, 1) \
+  X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, "alloc", OUT, dptr, IN, bytesize, PTR, pool, 1) \
+  X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync_ptsz, "alloc", OUT, dptr, IN, bytesize, PTR, pool, 1) \
+  X(cuMemMap, cuMemMap, "map", IN, ptr, IN, size, IN, handle, 1) \
+  X(cuMemSetAccess, cuMemSetAccess, "access", IN, ptr, IN, size, NONE, _, 0) \
+  X(cuIpcOpenMemHandle, cuIpcOpenMemHandle, "ipc_open", OUT, pdptr, NONE, _, NONE, _, 1) \
+  X(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_v2, "ipc_open", OUT, pdptr, NONE, _, NONE, _, 1) \
+  X(cuMemPoolImportPointer, cuMemPoolImportPointer, "import", OUT, ptr_out, NONE, _, PTR, pool, 1) \
+  X(cuExternalMemoryGetMappedBuffer, cuExternalMemoryGetMappedBuffer, "ext_map", OUT, devPtr, DESC, _, PTR, extMem, 1) \
+  X(cuGraphicsResourceGetMappedPointer, cuGraphicsResourceGetMappedPointer, "gfx_map", OUT, pDevPtr, OUT, pSize, PTR, resource, 1) \
+  X(cuGraphicsResourceGetMappedPointer_v2, cuGraphicsResourceGetMappedPointer_v2, "gfx_map", OUT, pDevPtr, OUT, pSize, PTR, resource, 1) \
+  X(cuMemHostAlloc, cuMemHostAlloc, "host_alloc", OUTV, pp, IN, bytesize, NONE, _, 0) \
+  X(cuMemHostAlloc_v2, cuMemHostAlloc, "host_alloc", OUTV, pp, IN, bytesize, NONE, _, 0) \
+  X(cuMemAllocHost, cuMemAllocHost, "host_alloc", OUTV, pp, IN, bytesize, NONE, _, 0) \
+  X(cuMemAllocHost_v2, cuMemAllocHost_v2, "host_alloc", OUTV, pp, IN, bytesize, NONE, _, 0) \
+  X(cuMemHostRegister, cuMemHostRegister, "host_register", PTR, p, IN, bytesize, NONE, _, 0) \
+  X(cuMemHostRegister_v2, cuMemHostRegister_v2, "host_register", PTR, p, IN, bytesize, NONE, _, 0) \
+  X(cuMemCreate, cuMemCreate, "create", NONE, _, IN, size, OUT, handle, 0) \
+  X(cuMemAddressReserve, cuMemAddressReserve, "reserve", OUT, ptr, IN, size, NONE, _, 0) \
   /* end */
 
 /* X(kind, family) */

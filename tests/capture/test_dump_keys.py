@@ -153,3 +153,14 @@ def test_every_knob_and_api_name_is_documented():
     missing = [c.name for c in T.CALLBACKS
                if c.name not in spelled and c.name.replace("_ptsz", "").replace("_v2", "") not in spelled]
     assert missing == []
+
+
+def test_every_allocation_log_event_is_documented_with_its_calls():
+    rows = [line for line in _section("allocs.jsonl").splitlines() if line.startswith("| `")]
+    for c in T.CALLBACKS:
+        if not c.log:
+            continue
+        row = [r for r in rows if f"`{c.log.event}`" in r.split("|")[1]]
+        assert row, f"allocs.jsonl event {c.log.event} is not in the docs' event table"
+        names = {w.split("[")[0] for r in row for w in re.findall(r"`([^`]+)`", r.split("|")[2])}
+        assert c.name in names or c.name.replace("_ptsz", "").replace("_v2", "") in names, (c.log.event, c.name)
