@@ -9,6 +9,7 @@ sentence, never judged.
 from __future__ import annotations
 
 import json
+import lzma
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,9 +138,13 @@ def from_json(doc, where: str = "the reference") -> Reference:
 
 
 def read(path: Path) -> Reference:
+    """The reference at `path` (JSON, or JSON compressed with xz when the name ends in .xz)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+        text = (lzma.decompress(raw) if path.suffix == ".xz" else raw).decode()
+    except lzma.LZMAError:
+        raise ReferenceError(f"reference {path} is not an xz file") from None
     except OSError as e:
         raise ReferenceError(f"cannot read reference {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
