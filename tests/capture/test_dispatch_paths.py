@@ -139,3 +139,22 @@ def test_without_the_allocation_log_or_with_modules_only_fewer_callbacks_are_ena
     (got,) = [x["enabled"] for x in lines if "enabled" in x]
     want = ("ALWAYS",) if enabled == "ALWAYS" else ("ALWAYS", "LAUNCHES")
     assert got == [c.name for c in T.CALLBACKS if c.enable in want]
+
+
+def test_resource_callbacks_write_modules_and_devices(run):
+    _, lines, _, _, files = run
+    (unloaded,) = [x["unloaded"] for x in lines if "unloaded" in x]
+    loads = {m["module"]: m for m in files["modules"] if m["event"] == "load"}
+    (unload,) = [m for m in files["modules"] if m["event"] == "unload"]
+    assert unload["module"] == unloaded and unload["sha256"] == loads[unloaded]["sha256"]
+    assert all(m["entries"] == ["mine_argmax_rows"] for m in loads.values())
+    (meta,) = files["meta"]
+    assert [d["name"] for d in meta["devices"]] == ["Fake GPU"]   # asked once the context existed
+
+
+def test_noop_records_nothing(harness, tmp_path):
+    H.run_all(harness, tmp_path, "json", "noop", "alloc_log")
+    (pid_dir,) = tmp_path.glob("pid*")
+    files = H.read_dump(pid_dir)
+    assert files["launches"] == files["graphs"] == files["allocs"] == files["tensormaps"] == []
+    assert files["meta"][0]["options"]["noop"] == 1 and files["meta"][0]["counters"]["launches"] == 0
