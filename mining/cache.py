@@ -4,7 +4,7 @@ Why one place: a dump or archive may sit in a read-only folder, on a shared disk
 repository; writing beside it (the old `.mine-cache/`) failed on the first, littered the others and
 doubled the space when an archive was touched. `cache_root` names the folder: `--cache-dir` when a
 command is given one, else `$MINE_CACHE_DIR`, else `$XDG_CACHE_HOME/mine`, else `~/.cache/mine`.
-It holds two kinds of entries (docs/cache.md):
+It holds two kinds of entries (the README says the same, under "Use"):
 
 - `archives/<name>-<hash>/`: a dump archive unpacked (`mining/archive.py`), one per archive path;
   a changed archive replaces its entry.

@@ -61,3 +61,45 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+# ---------------------------------------------------------------- the bundled vLLM capture, once
+# Several stages' tests read the same real capture; loading and analysing it takes seconds, so it
+# is done once per session. Analyses are pure functions of the dump: sharing it is safe as long as
+# no test changes these objects in place (none does; a test that must, copies).
+OFFLINE = FIXTURES / "vllm" / "vllm-offline.tar.xz"
+
+
+@pytest.fixture(scope="session")
+def offline_dump():
+    from mining.load import load_dump
+
+    return load_dump(OFFLINE)
+
+
+@pytest.fixture(scope="session")
+def offline_analysis(offline_dump):
+    from mining.analyze import analyze
+
+    return analyze(offline_dump)
+
+
+@pytest.fixture(scope="session")
+def offline_document(offline_analysis):
+    """The analysis as `mine analyze --json` writes it (mining.contract.Analysis)."""
+    from mining.analyze import document
+
+    return document(offline_analysis)
+
+
+@pytest.fixture(scope="session")
+def offline_analysis_json(offline_analysis, tmp_path_factory) -> Path:
+    """The analysis as `mine analyze --json` writes it, for commands given `--analysis` (a test of
+    something else than the analysis need not pay for it again)."""
+    import json
+
+    from mining.analyze import to_json
+
+    path = tmp_path_factory.mktemp("offline") / "analysis.json"
+    path.write_text(json.dumps(to_json(offline_analysis), indent=1))
+    return path

@@ -229,13 +229,27 @@ def test_sigkill_leaves_whole_records(harness, tmp_path):
     assert len(recs) == len(seq) and all(r["params"] is not None for r in recs)
 
 
-def test_record_sizes_and_cost(harness, tmp_path):
+def _sizes(harness, tmp_path) -> dict:
     out = {}
     for bin_ in (0, 1):
         name = "bin" if bin_ else "json_compact"
         r = _run(harness, "records", tmp_path / f"s{bin_}", bin_, 1200)
         f = tmp_path / f"s{bin_}" / f"pid{r['pid']}" / ("launches.bin" if bin_ else "launches.jsonl")
         out[f"{name}_bytes"] = f.stat().st_size / 1200
+    return out
+
+
+def test_record_sizes(harness, tmp_path):
+    out = _sizes(harness, tmp_path)
+    assert out["bin_bytes"] < out["json_compact_bytes"]
+
+
+@pytest.mark.slow
+def test_record_sizes_and_cost(harness, tmp_path):
+    """A measurement for docs/benchmarks.md (`pytest -s -m slow ... -k cost`), not a timing assertion."""
+    out = _sizes(harness, tmp_path)
+    for bin_ in (0, 1):
+        name = "bin" if bin_ else "json_compact"
         for writer in ("write", "mmap"):
             for mode in ("bench", "bench_nohost"):
                 out[f"{name}_{writer}_{mode[6:] or 'host'}_ns"] = min(

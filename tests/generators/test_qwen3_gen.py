@@ -162,11 +162,12 @@ def _headers_only_checkpoint(folder: Path, cfg, drop: str | None = None) -> Path
     return folder
 
 
-def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg):
+def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg, offline_analysis_json):
     good = _headers_only_checkpoint(tmp_path / "good", cfg)
     run = lambda ckpt, out: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(CONFIG),
-         "--weights", str(ckpt), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+         "--analysis", str(offline_analysis_json), "--weights", str(ckpt), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT)
     r = run(good, tmp_path / "a")
     assert r.returncode == 0, r.stderr
     bad = _headers_only_checkpoint(tmp_path / "bad", cfg, drop="model.layers.7.mlp.up_proj.weight")
@@ -176,12 +177,13 @@ def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg):
     assert not (tmp_path / "b" / "qwen3.json").exists()
 
 
-def test_config_of_another_model_is_blamed_on_the_config(tmp_path):
+def test_config_of_another_model_is_blamed_on_the_config(tmp_path, offline_analysis_json):
     cfg = json.loads(CONFIG.read_text())
     cfg["hidden_size"] *= 2
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(cfg))
     r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(bad),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+                        "--analysis", str(offline_analysis_json), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"the config's hidden_size is {cfg['hidden_size']}" in r.stderr and "another model" in r.stderr

@@ -74,12 +74,11 @@ def _gen(args, tmp_path):
                           text=True, cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "200"})
 
 
-def test_gen_reads_the_analysis_file(tmp_path):
-    """`mine analyze --json` then `mine gen qwen3 --analysis`: the same manifest as computing it."""
-    a = tmp_path / "a.json"
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "analyze", str(OFFLINE), "--json", str(a)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stderr
+def test_gen_reads_the_analysis_file(tmp_path, offline_analysis_json):
+    """The analysis as `mine analyze --json` writes it (the session's, tests/conftest.py; the command
+    itself: tests/cli/test_mining_cli.py), then `mine gen qwen3 --analysis`: the same manifest as
+    computing it."""
+    a = offline_analysis_json
     r = _gen(["--dump", str(OFFLINE), "--analysis", str(a), "--config", str(CONFIG), "--out", str(tmp_path / "m")],
              tmp_path)
     assert r.returncode == 0, r.stderr
@@ -108,11 +107,12 @@ def test_gen_bad_analysis_file_is_one_sentence(tmp_path, content, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_gen_layer_count_mismatch_is_named(tmp_path):
+def test_gen_layer_count_mismatch_is_named(tmp_path, offline_analysis_json):
     """A config of another depth than the capture's is refused by the analysis check."""
     cfg = json.loads(CONFIG.read_text())
     cfg["num_hidden_layers"] = 27
     c = tmp_path / "config.json"
     c.write_text(json.dumps(cfg))
-    r = _gen(["--dump", str(OFFLINE), "--config", str(c), "--out", str(tmp_path / "m")], tmp_path)
+    r = _gen(["--dump", str(OFFLINE), "--analysis", str(offline_analysis_json), "--config", str(c),
+              "--out", str(tmp_path / "m")], tmp_path)
     assert r.returncode == 2 and "the analysis finds 28 layers per forward" in r.stderr

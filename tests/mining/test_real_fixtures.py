@@ -46,8 +46,8 @@ PREFILL_INPUTS = "_prepare_prefill_inputs_kernel"
 
 
 @pytest.fixture(scope="module")
-def off():
-    return analyze(load_dump(OFFLINE))
+def off(offline_analysis):
+    return offline_analysis   # the session's (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -237,14 +237,14 @@ def _doc_names(text: str, heading: str) -> set[str]:
     return out
 
 
-def test_cli_json_matches_schema_doc(tmp_path):
+def test_json_matches_schema_doc(off):
+    """What `mine analyze --json` writes (`to_json`; the command itself: tests/cli/test_mining_cli.py)
+    has exactly the keys docs/analysis-json.md names."""
+    from mining.analyze import to_json
+
     doc = (ROOT / "docs" / "analysis-json.md").read_text()
     version = int(re.search(r"\*\*schema_version: (\d+)\*\*", doc).group(1))
-    out = subprocess.run([sys.executable, "-m", "mine.cli", "analyze", str(OFFLINE), "--json",
-                          str(tmp_path / "a.json")], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr
-    j = json.loads((tmp_path / "a.json").read_text())
+    j = json.loads(json.dumps(to_json(off)))
     assert j["schema_version"] == version
     assert set(j) == _doc_names(doc, "| key | type | meaning |")
     fw_keys = re.search(r"`passes\.forwards\[\]`:(.*?)\n\n", doc, re.S).group(1)
@@ -256,7 +256,7 @@ def test_cli_json_matches_schema_doc(tmp_path):
     assert {p["role"] for p in j["pointers"]} <= roles
     assert {f["status"] for f in j["fits"]} <= statuses
     assert [f["tokens"] for f in j["passes"]["forwards"]] == [16384] + expected_tokens()
-    assert j["layers"]["layers"] == LAYERS and j["source"]["launches"] == len(load_dump(OFFLINE).launches)
+    assert j["layers"]["layers"] == LAYERS and j["source"]["launches"] == len(off.dump.launches)
 
 
 # ------------------------------------------------------------------ issue 7: the server's engine

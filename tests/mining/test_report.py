@@ -21,11 +21,8 @@ DUMP = FIXTURES / "vllm" / "vllm-offline.tar.xz"
 
 
 @pytest.fixture(scope="module")
-def analysis():
-    from mining.analyze import analyze
-    from mining.load import load_dump
-
-    return analyze(load_dump(DUMP))
+def analysis(offline_analysis):
+    return offline_analysis   # the session's (tests/conftest.py)
 
 
 def text(a, width: int, **kw) -> list[str]:

@@ -4,28 +4,25 @@ mapped onto the call sites of that capture's analysis, on any machine."""
 
 from __future__ import annotations
 
+import copy
 import json
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from mining.analyze import analyze, document
 from mining.contract import from_json
-from mining.load import load_dump
 from replay.run import LaunchResult, WordFlow
 from replay.sites import flow_words, site_of
 from paths import ROOT
 
 
-
 @pytest.fixture(scope="module")
-def case():
+def case(offline_dump, offline_document):
     with tarfile.open(ROOT / "tests/gpu_results/replay/results.tar.xz") as t:
         raw = json.load(t.extractfile("vllm_decode.json"))
     results = [LaunchResult(**{**r, "words": [WordFlow(**w) for w in r["words"]]}) for r in raw]
-    d = load_dump(ROOT / "tests/fixtures/vllm/vllm-offline.tar.xz", cache=False)
-    doc = document(analyze(d))
+    d, doc = offline_dump, offline_document   # the session's (tests/conftest.py)
     symbols = dict(zip(d.launches["seq"].tolist(), d.launches["symbol"].astype(str).tolist()))
     return results, doc, symbols
 
@@ -54,7 +51,8 @@ def test_measured_norm_directions_per_site(case):
 
 
 def test_flow_round_trips_through_the_contract(case):
-    results, doc, symbols = case
+    results, shared, symbols = case
+    doc = copy.copy(shared)   # the session's document stays as analysed
     doc.flow, _ = flow_words(results, doc, symbols)
     back = from_json(json.loads(json.dumps(doc.to_json())))
     assert back.flow == doc.flow and len(back.flow) > 100

@@ -28,8 +28,8 @@ def probe():
 
 
 @pytest.fixture(scope="module")
-def vllm():
-    return load_dump(FIX / "vllm" / "vllm-offline.tar.xz", cache=False)
+def vllm(offline_dump):
+    return offline_dump   # the session's (tests/conftest.py)
 
 
 def by_symbol(dump, needle):
