@@ -230,7 +230,7 @@ unsigned mc_host_sections(jb_t *b, const mc_entry_t *ce, const unsigned char *bl
   return made;
 }
 
-/* ---- the allocation log (MINE_CAPTURE_ALLOC_LOG=1; docs/dump-format.md "allocs.jsonl") ----
+/* ---- the allocation log (MINE_CAPTURE_ALLOC_LOG=1; docs/dump-format.md "Allocation log") ----
  * Every allocation, free and mapping API the library hears of becomes one allocs.jsonl record,
  * so mining can classify parameter words offline (mining/allocs.py) and a capture can run with
  * MINE_CAPTURE_CLASSIFY=0 (no driver call per launch). Each event carries `seq_before`, the

@@ -31,8 +31,8 @@ RUNS = {
     "default": ("json",),
     "noop": ("json", "noop", "alloc_log"),
 }
-SECTIONS = {"meta": "meta.json", "launches": "launches.jsonl", "functions": "functions.jsonl",
-            "graphs": "graphs.jsonl", "tensormaps": "tensormaps.jsonl", "allocs": "allocs.jsonl",
+SECTIONS = {"meta": "meta.json", "launches": "launches.jsonl", "functions": "Compact form",
+            "graphs": "graphs.jsonl", "tensormaps": "tensormaps.jsonl", "allocs": "Allocation log",
             "modules": "modules.jsonl"}
 
 
@@ -148,7 +148,7 @@ def test_every_knob_and_api_name_is_documented():
     assert sorted(k.env for k in knobs.KNOBS if k.env not in knob_doc) == []
     launches = _documented("launches.jsonl") | _documented("Binary launch records")
     assert sorted(set(T.API_NAMES) - launches) == []
-    recorded = _documented("What is recorded") | _documented("allocs.jsonl")
+    recorded = _documented("What is recorded") | _documented("Allocation log")
     spelled = {w.split("[")[0] for w in recorded}
     missing = [c.name for c in T.CALLBACKS
                if c.name not in spelled and c.name.replace("_ptsz", "").replace("_v2", "") not in spelled]
@@ -156,7 +156,7 @@ def test_every_knob_and_api_name_is_documented():
 
 
 def test_every_allocation_log_event_is_documented_with_its_calls():
-    rows = [line for line in _section("allocs.jsonl").splitlines() if line.startswith("| `")]
+    rows = [line for line in _section("Allocation log").splitlines() if line.startswith("| `")]
     for c in T.CALLBACKS:
         if not c.log:
             continue
