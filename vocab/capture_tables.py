@@ -5,10 +5,13 @@ Why: the C library (capture/src/), the binary reader (capture/binfmt.py), the lo
 (mining/load.py) and docs/dump-format.md each need these lists; kept apart they drifted (the
 toggler depended on the order of a C array, launch attributes were decoded by bare numbers in
 Python). Here each is stated once. `python -m vocab.capture_tables` writes the C header
-capture/src/tables.h from them (X-macro lists the C code expands); tests/capture/test_tables.py
-checks that the committed header is what this module renders, and the C build checks every
-number here against the CUDA headers (`_Static_assert`s in the generated header), so a table
-entry that disagrees with CUDA does not compile. Standard library only.
+capture/src/tables.h from them (X-macro lists the C code expands: the dispatch's rows, the
+enabling, the toggler, the allocation log's parameter reading, the api names, the attribute
+decoding, the drop names); tests/capture/test_tables.py checks that the committed header is what
+this module renders and that every name is a CUPTI callback id, and the C build checks every
+attribute id and every kind's parameter-struct layout against the CUDA headers (`_Static_assert`s
+in capture/src/dispatch.c and record.c), so an entry that disagrees with CUDA does not compile.
+capture/binfmt.py and mining/load.py read the Python side. Standard library only.
 """
 
 from __future__ import annotations
