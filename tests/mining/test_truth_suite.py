@@ -296,8 +296,9 @@ def test_gen_qwen3_through_the_analysis(name, tmp_path):
     a, truth = analysed(name)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(truth["config"]))
-    root = ROOT
-    _, mm, _, m = build_manifest(SUITE / f"{name}.tar.xz", cfg, root / "kernels.toml", 2048)
+    doc = tmp_path / "analysis.json"   # the analysis made above, as `mine analyze --json` writes it
+    doc.write_text(json.dumps(to_json(a)))
+    _, mm, _, m = build_manifest(SUITE / f"{name}.tar.xz", cfg, ROOT / "kernels.toml", 2048, analysis=doc)
     assert verify(m) == []
     assert len(m["states"]) == layer_count(truth)
     # the forwards it mined are the analysis' own, at the analysis' token counts, and every
