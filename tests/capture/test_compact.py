@@ -339,7 +339,7 @@ def write_dump(folder: Path, fns: list[dict], launches: list[dict], compact: boo
     return folder
 
 
-@pytest.mark.parametrize("n", [3000, 40000])
+@pytest.mark.parametrize("n", [3000, pytest.param(40000, marks=pytest.mark.slow)])   # 3000: ten chunks already
 def test_compact_loads_to_the_same_frames(tmp_path, monkeypatch, n):
     import mining.load as load
     monkeypatch.setattr(load, "CHUNK", 256 << 10)  # many chunks: categories unified across them
