@@ -92,9 +92,10 @@ static int64_t launch(const mc_entry_t *e, int k, long t, long i) {
   at[2].id = (CUlaunchAttributeID)99; at[2].value.pad[0] = 7; at[2].value.pad[63] = 9;
   CUlaunchConfig cfg; memset(&cfg, 0, sizeof cfg);
   cfg.attrs = at; cfg.numAttrs = 3;
-  mc_launch_t L = {1000 + (uint64_t)i, 7, 0, (CUcontext)0xc0, (CUstream)0x1234, k == 5 ? 2 : 0,
-                   (int)(i % 11 == 0), (int)(i % 3 == 0), (CUgraph)0x99, 5, {(unsigned)i % 64 + 1, 2, 1}, {128, 1, 1},
-                   (unsigned)(i % 5) * 1024, k == 5 ? &cfg : NULL, use_kp, extra};
+  mc_launch_t L = {.t_ns = 1000 + (uint64_t)i, .tid = 7, .ctx = (CUcontext)0xc0, .stream = (CUstream)0x1234,
+                   .api = k == 5 ? 2 : 0, .result = (int)(i % 11 == 0), .in_graph = (int)(i % 3 == 0),
+                   .graph = (CUgraph)0x99, .capid = 5, .grid = {(unsigned)i % 64 + 1, 2, 1}, .block = {128, 1, 1},
+                   .smem = (unsigned)(i % 5) * 1024, .cfg = k == 5 ? &cfg : NULL, .kp = use_kp, .extra = extra};
   if (k == 2 && (i / 8) % 2) L.kp = NULL;                  /* no parameter bytes at all */
   int64_t fn = mc_fn_id(e);
   if (bin) return mc_record_bin(&L, e, (uint32_t)fn);

@@ -87,8 +87,9 @@ static int64_t launch(const mc_entry_t *e, long t, long i) {
     memcpy(pbytes[p], &v, 8); memset(pbytes[p] + 8, (int)(i + p), 56);
     kp[p] = pbytes[p];
   }
-  mc_launch_t L = {++fake_ns, 7, 0, (CUcontext)0xc0, (CUstream)0x0, 0, 0, (int)(i % 3 == 0),
-                   (CUgraph)0x99, 5, {(unsigned)i % 64 + 1, 1, 1}, {128, 1, 1}, 0, NULL, kp, NULL};
+  mc_launch_t L = {.t_ns = ++fake_ns, .tid = 7, .ctx = (CUcontext)0xc0, .in_graph = (int)(i % 3 == 0),
+                   .graph = (CUgraph)0x99, .capid = 5, .grid = {(unsigned)i % 64 + 1, 1, 1}, .block = {128, 1, 1},
+                   .kp = kp};
   int64_t fn = compact ? mc_fn_id(e) : -1;
   jb_t *b = jb_thread();
   if (!b) return -1;
