@@ -23,6 +23,7 @@ from replay import flow as FL
 from replay.gpu import CudaError, Gpu
 from replay.plan import (LaunchPlan, PlanError, plan_launch, read_attrs, read_host_ranges, read_tensormaps,
                          rebased)
+from vocab.errors import MineError
 
 FILL_TIMED = "tagged"
 # poisons tried in order until one shows a read: bounded first (every 4-byte lane below 2^16, so
@@ -200,7 +201,7 @@ def _worker(conn, plans, reps, judge_reads, faulted, device) -> None:
     """A replay process: one context, plans in order, each result sent back; ends at a fault."""
     try:
         gpu = Gpu(device)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as one sentence
+    except (MineError, OSError) as exc:  # no driver, no device: the parent raises it as one sentence
         conn.send(("nogpu", str(exc)))
         return
     for k, plan in enumerate(plans):
