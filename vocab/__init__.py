@@ -8,5 +8,6 @@ project, so capture, mining, generators and manifests may all import it.
 
 Modules: `wire` (schema version, dtypes and their sizes, enumerations, the param-type grammar),
 `expr` (the closed expression set: its tree, JSON and text forms, and the one evaluator),
-`dumps` (the one canonical manifest serialisation).
+`dumps` (the one canonical manifest serialisation), `errors` (`MineError`, the base of every error
+a user can cause, and the error classes several stages share).
 """

@@ -6,8 +6,9 @@ vLLM kernel instance (symbol, cubin sha256, parameter sizes, registers, block, s
 checks the generator's wiring against the mined addresses (`mined.WiringMismatch` names the call
 site); `build.generate(cfg, mined, own)` writes the manifest (plain JSON dict) from Jinja per-layer
 templates; `bindings.write(...)` writes the safetensors tensors no checkpoint holds (rope cos/sin,
-kv scale). Nothing here reads kernels.toml or verifies: the CLI (`mine gen qwen3`) passes the own
-kernels' launches in and verifies the result with `manifests`.
+kv scale). Those read no kernels.toml and verify nothing: `generate.generate_qwen3`, the whole job
+of `mine gen qwen3` as a library function, passes the own kernels' launches in, verifies the
+result with `manifests`, and writes the manifest, the bindings and the kernels folder.
 Not handled: batches of more than one sequence (the captured reduce kernel is built for one),
 tensor parallelism, quantized KV caches.
 """
