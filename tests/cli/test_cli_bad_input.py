@@ -217,7 +217,6 @@ def folder(tmp_path):
 
 
 def run_main(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["mine", *args])  # capture looks for `--` in the real argv
     with pytest.raises(SystemExit) as exc:
         main(args)
     out, err = capsys.readouterr()
