@@ -133,7 +133,7 @@ def load_path(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> object:
             raise ManifestReadError(f"{p}: not a manifest: the file {what}")
         if size > max_bytes:
             raise ManifestReadError(
-                f"{p}: not a manifest: {size} bytes is over the {max_bytes}-byte limit"
+                f"{p}: not a manifest: {size} bytes is over the {max_bytes}-byte limit", value=size, limit=max_bytes
             )
         fh.seek(0)
         data = fh.read()  # in one read: `head + fh.read()` costs ten times as much (measured)
