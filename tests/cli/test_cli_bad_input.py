@@ -199,6 +199,18 @@ CASES = [
     # replay (a GPU command: here the missing GPU or the missing path, either in one sentence)
     (["replay", "{t}/missing"], "mine: error:"),
     (["replay", str(DUMP), "--limit", "0"], "'--limit'"),
+    # compare / reference: refused on the CPU, before any GPU or engine is touched
+    (["compare", "{t}/missing", "--weights", "{t}", "--reference", "{t}/obj.json"], "does not exist"),
+    (["compare", str(QWEN3), "--weights", "{t}/emptydir", "--reference", "{t}/garbage.json"], "is not JSON"),
+    (["compare", str(QWEN3), "--weights", "{t}/emptydir", "--reference", "{t}/obj.json"], "format"),
+    (["compare", str(QWEN3), "--weights", "{t}", "--reference", "{t}/obj.json", "--json", "{t}/obj.json"], "--json"),
+    (["compare", str(QWEN3), "--weights", "{t}", "--reference", "{t}/obj.json", "--tol-ulps", "-1"], "'--tol-ulps'"),
+    (["compare", "{t}/ops_list.json", "--weights", "{t}", "--reference", "{t}/obj.json"], "does not verify"),
+    (["reference", "{t}/emptydir", "-o", "{t}/r.json"], "holds no *.safetensors"),
+    (["reference", "{t}", "-o", "{t}/r.json", "--lengths", "a,b"], "--lengths"),
+    (["reference", "{t}", "-o", "{t}/r.json", "--mode", "fast"], "--mode"),
+    (["reference", "{t}", "-o", "{t}/r.json", "--lengths", "4000", "--new", "200"], "exceed --max-model-len"),
+    (["reference", "{t}", "-o", "{t}/r.json"], "lies inside the input"),
 ]
 
 

@@ -85,8 +85,7 @@ def test_agreement():
 
 # -- the committed H200 reports, judged again ------------------------------------------------
 
-REPORT_REFS = {"q06": REF06, "q12e": FIXTURES / "compare/ref_q12e.json.xz",
-               "q36e": FIXTURES / "compare/ref_q36e.json.xz"}
+REPORT_REFS = {"q06": REF06, **{n: FIXTURES / f"compare/ref_{n}.json.xz" for n in ("q1e", "q2e", "q4e", "q12e", "q36e")}}
 
 
 @pytest.mark.parametrize("name", sorted(p.name.split(".")[0][len("compare_"):] for p in REPORTS.glob("compare_*.json.xz")))
@@ -104,7 +103,7 @@ def test_committed_reports_judge_the_same(name):
 
 
 def test_correct_manifests_flip_only_within_noise_and_broken_ones_fail_early():
-    for name in ("q06", "q12e", "q36e"):
+    for name in REPORT_REFS:
         doc = _json_xz(REPORTS / f"compare_{name}.json.xz")
         flips = [s for s in doc["steps"] if s["verdict"] == "flip"]
         assert all(s["margin"] <= s["bound"] for s in flips)

@@ -26,11 +26,7 @@ from paths import FIXTURES, ROOT
 EX = ROOT / "examples/vllm_qwen3"
 SUITE_ROWS = {r.split("|")[0]: r.split("|") for r in (ROOT / "examples/truth_suite/suite.txt").read_text().splitlines()
               if r and not r.startswith("#")}
-# q2e and q4e: their packed captures lack the 2-D attention cubin their manifests launch (the
-# packer's cubin budget dropped it, and no other capture holds that build), so `mine compare`
-# refuses them in one sentence; recapturing them is the way back
-UNPACKED_CUBIN = {"q2e", "q4e"}
-EAGER = [n for n, r in SUITE_ROWS.items() if "--mode default" not in r[2] and n not in UNPACKED_CUBIN]
+EAGER = [n for n, r in SUITE_ROWS.items() if "--mode default" not in r[2]]
 BREAKS = ("wrong_weight", "swapped_stride", "swapped_dims")
 
 
