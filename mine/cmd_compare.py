@@ -40,48 +40,17 @@ def compare_cmd(
       mine compare manifests/qwen3 --weights CKPT --reference ref.json --json compare.json
     """
     from mine.checks import check_outputs
-    from compare import run, verdict
+    from compare import run, show, verdict
 
     check_outputs([manifest, weights, ref], {"--json": json_out})
     setup = run.prepare(manifest, weights, ref, logits)
     bounds = verdict.Bounds(tol_ulps=tol_ulps, tol=tol)
     doc = run.compare(setup, bounds, gpu=gpu, free=not no_free)
-    print_report(doc)
+    show.report(doc)
     if json_out is not None:
         run.write_report(doc, json_out)
         typer.echo(f"wrote {json_out}")
     raise typer.Exit(0 if doc["passed"] else 1)
-
-
-def print_report(doc: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"{doc['manifest']} on kern vs {doc['engine']} ({doc['mode']}), teacher-forced")
-    for col in ("request", "prompt", "new", "match", "flip", "wrong", "off", "max error", "bound",
-                "max flip margin", "greedy agree"):
-        t.add_column(col, justify="right")
-    for r in doc["requests"]:
-        c = r["counts"]
-        agree = "" if r["agreement"] is None else f"{r['agreement']}/{r['new_tokens']}"
-        fm = r["max_flip_margin"]
-        t.add_row(str(r["request"]), str(r["prompt_tokens"]), str(r["new_tokens"]), str(c["match"]),
-                  str(c["flip"]), str(c["wrong"]), str(c["off"]), f"{r['max_error']:.4f}", f"{r['max_bound']:.4f}",
-                  "" if fm is None else f"{fm:.4f}", agree)
-    con = Console()
-    con.print(t)
-    s = doc["summary"]
-    if doc["passed"]:
-        con.print(f"passed: {s['steps']} steps, {s['counts']['flip']} allowed flip(s), largest error "
-                  f"{s['max_error']:.4f} (bound up to {s['max_bound']:.4f})")
-    else:
-        f = s["first_failure"]
-        why = (f"kern's logit differences are off by {f['error']:.4f} (bound {f['bound']:.4f})" if f["verdict"] == "off"
-               else f"kern chose {f['got']} where the reference chose {f['want']}" +
-               (f" by a margin of {f['margin']:.4f} (bound {f['bound']:.4f})" if f["margin"] is not None
-                else " (outside the reference's top-k)"))
-        con.print(f"FAILED at request {f['request']}, step {f['step']} (position {f['position']}): {why}; "
-                  f"{s['counts']['wrong']} wrong and {s['counts']['off']} off of {s['steps']} steps")
 
 
 def reference_cmd(

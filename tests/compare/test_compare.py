@@ -317,3 +317,16 @@ def test_missing_checkpoint_folder(tmp_path, monkeypatch, capsys):
     err = _mine(["compare", str(QWEN3), "--weights", str(tmp_path / "nope"), "--reference", str(REF06)],
                 monkeypatch, capsys)
     assert "nope" in err
+
+
+def test_report_reads_at_80_columns_and_names_the_first_failure():
+    from rich.console import Console
+
+    from compare import show
+
+    for name, want in (("broken_swapped_stride", "FAILED at request 1, step 0 (position 36)"), ("q06", "passed: 256 steps")):
+        con = Console(width=80, record=True)
+        show.report(_json_xz(REPORTS / f"compare_{name}.json.xz"), con)
+        text = con.export_text()
+        assert want in " ".join(text.split())
+        assert max(len(line) for line in text.splitlines()) <= 80
