@@ -15,14 +15,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from vocab.errors import MineError
+from generators.safetensors import CheckpointError, read_header as _header
 
 SAMPLE = 64 * 1024
-HEADER_LIMIT = 100 * 1024 * 1024  # a safetensors header larger than this is not one
-
-
-class CheckpointError(MineError, ValueError):
-    """A checkpoint folder or file that cannot be used, in one sentence naming it."""
 
 
 @dataclass(frozen=True)
@@ -36,39 +31,28 @@ class Tensor:
 
 
 def read_header(path: Path) -> list[Tensor]:
-    """The tensors of one safetensors file (its 8-byte length, then the JSON header)."""
+    """The tensors of one safetensors file, with their data's absolute byte ranges (the header is
+    read and checked by generators.safetensors, the one reader of it)."""
+    path = Path(path)
     try:
+        head = _header(path)
         with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise CheckpointError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > HEADER_LIMIT:
-                raise CheckpointError(f"{path} is not a safetensors file (header length {n} bytes)")
-            head = f.read(n)
+            (n,) = struct.unpack("<Q", f.read(8))
             size = f.seek(0, 2)
     except OSError as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        meta = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path} is not a safetensors file (its header is not JSON)") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path} is not a safetensors file (its header is not a JSON object)")
-    base, out = 8 + n, []
-    for name, t in meta.items():
-        if name == "__metadata__":
-            continue
+    out = []
+    for name, t in head.items():
         try:
             b, e = (int(x) for x in t["data_offsets"])
-            shape = tuple(int(x) for x in t["shape"])
-            dtype = str(t["dtype"])
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name!r} has no valid dtype, shape and data_offsets") from None
-        if not 0 <= b <= e or base + e > size:
+            raise CheckpointError(f"{path}: tensor {name!r} has no valid data_offsets") from None
+        if not 0 <= b <= e or 8 + n + e > size:
             raise CheckpointError(f"{path}: tensor {name!r} lies outside the file (offsets {b}..{e}, "
-                                  f"{size - base} data bytes)")
-        out.append(Tensor(name, dtype, shape, path, base + b, base + e))
+                                  f"{size - 8 - n} data bytes)")
+        out.append(Tensor(name, str(t["dtype"]), tuple(t["shape"]), path, 8 + n + b, 8 + n + e))
     return out
 
 

@@ -60,16 +60,13 @@ def manifest_file(path: Path) -> Path:
 
 def _verified(path: Path) -> dict:
     from manifests import jsonload
-    from manifests.verify import verify
+    from manifests.verify import verify_file
 
-    doc = jsonload.load_path(path)
-    if not isinstance(doc, dict):
-        raise ManifestError(f"{path}: not a manifest (the file holds no JSON object)")
-    bad = verify(doc)
+    bad = verify_file(path)
     if bad:
         raise ManifestError(f"{path}: the manifest does not verify: {bad[0]}"
                             + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-    return doc
+    return jsonload.load_path(path)
 
 
 def _check_tensors(m: dict, s: Serving, have: dict, ckpt: Path) -> None:
