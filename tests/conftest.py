@@ -103,3 +103,23 @@ def offline_analysis_json(offline_analysis, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("offline") / "analysis.json"
     path.write_text(json.dumps(to_json(offline_analysis), indent=1))
     return path
+
+
+@pytest.fixture(scope="session")
+def offline_bin_analysis():
+    """The same workload captured in the binary form (vllm-offline-bin.tar.xz), analysed once."""
+    from mining.analyze import analyze
+    from mining.load import load_dump
+
+    return analyze(load_dump(FIXTURES / "vllm" / "vllm-offline-bin.tar.xz"))
+
+
+@pytest.fixture(scope="session")
+def offline_bin_analysis_json(offline_bin_analysis, tmp_path_factory) -> Path:
+    import json
+
+    from mining.analyze import to_json
+
+    path = tmp_path_factory.mktemp("offline-bin") / "analysis.json"
+    path.write_text(json.dumps(to_json(offline_bin_analysis), indent=1))
+    return path

@@ -25,6 +25,18 @@ CONFIG = ROOT / "examples/vllm_qwen3/reference/config.json"
 REAL = ROOT / "tests/fixtures/vllm/vllm-offline.tar.xz"
 
 
+def _gen(capsys, *args) -> tuple[int, str]:
+    """`mine gen qwen3 ARGS` run in this process, through the entry point the installed `mine`
+    calls (the end-to-end run in a child process: test_real_capture_verifies_and_fits_its_cubins):
+    its exit code and stderr."""
+    from mine.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["gen", "qwen3", *map(str, args)])
+    return exc.value.code, capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def cfg():
     return config.load(CONFIG)
@@ -77,25 +89,23 @@ def test_scalars_follow_tokens(sim, cfg):
     (7, "post_norm", 2, 4096, "layer 7 post_norm"),  # a second residual address
     (9, "attn", 2, 64, "layer 9 attn"),              # attention reads another key cache than the write
 ])
-def test_planted_mismatch_names_the_call_site(tmp_path, cfg, layer, role, index, delta, needle):
+def test_planted_mismatch_names_the_call_site(tmp_path, capsys, cfg, layer, role, index, delta, needle):
     def plant(l, r, params):
         if l == layer and r == role:
             kind, alloc, off = params[index]
             params[index] = (kind, alloc, off + delta)
     simulate(tmp_path, cfg, plant=plant)
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(tmp_path), "--config", str(CONFIG),
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2
-    assert needle in r.stderr and "Traceback" not in r.stderr
+    code, err = _gen(capsys, "--dump", tmp_path, "--config", CONFIG, "--out", tmp_path / "out")
+    assert code == 2
+    assert needle in err and "Traceback" not in err
     assert not (tmp_path / "out" / "qwen3.json").exists()
 
 
-def test_bad_config_is_one_sentence(tmp_path, sim):
+def test_bad_config_is_one_sentence(tmp_path, capsys, sim):
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"model_type": "llama"}))
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(sim), "--config", str(bad),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "model_type" in r.stderr and "Traceback" not in r.stderr
+    code, err = _gen(capsys, "--dump", sim, "--config", bad, "--out", tmp_path / "o")
+    assert code == 2 and "model_type" in err and "Traceback" not in err
 
 
 def test_bindings_rope_cache(tmp_path, cfg):
@@ -125,13 +135,13 @@ def test_real_capture_verifies_and_fits_its_cubins(tmp_path):
     assert (tmp_path / "qwen3.json").read_bytes() == (ROOT / "manifests/qwen3/qwen3.json").read_bytes()
 
 
-def test_binary_capture_gives_the_same_manifest(tmp_path):
+def test_binary_capture_gives_the_same_manifest(tmp_path, capsys, offline_bin_analysis_json):
     """The same workload captured again in the binary form (launches.bin): the generated manifest
     is the committed one, except the capture's pid in its `model` label."""
     bin_dump = ROOT / "tests/fixtures/vllm/vllm-offline-bin.tar.xz"
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(bin_dump), "--config",
-                        str(CONFIG), "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    code, err = _gen(capsys, "--dump", bin_dump, "--config", CONFIG, "--analysis", offline_bin_analysis_json,
+                     "--out", tmp_path)
+    assert code == 0, err
     got = json.loads((tmp_path / "qwen3.json").read_text())
     want = json.loads((ROOT / "manifests/qwen3/qwen3.json").read_text())
     assert got.pop("model").replace("pid2047", "PID") == want.pop("model").replace("pid600", "PID")
@@ -162,28 +172,25 @@ def _headers_only_checkpoint(folder: Path, cfg, drop: str | None = None) -> Path
     return folder
 
 
-def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, cfg, offline_analysis_json):
+def test_weights_fit_the_checkpoint_or_one_sentence(tmp_path, capsys, cfg, offline_analysis_json):
     good = _headers_only_checkpoint(tmp_path / "good", cfg)
-    run = lambda ckpt, out: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(CONFIG),
-         "--analysis", str(offline_analysis_json), "--weights", str(ckpt), "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT)
-    r = run(good, tmp_path / "a")
-    assert r.returncode == 0, r.stderr
+    run = lambda ckpt, out: _gen(capsys, "--dump", REAL, "--config", CONFIG,  # noqa: E731
+                                 "--analysis", offline_analysis_json, "--weights", ckpt, "--out", out)
+    code, err = run(good, tmp_path / "a")
+    assert code == 0, err
     bad = _headers_only_checkpoint(tmp_path / "bad", cfg, drop="model.layers.7.mlp.up_proj.weight")
-    r = run(bad, tmp_path / "b")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "l7.gate_up" in r.stderr and "checkpoint does not fit" in r.stderr
+    code, err = run(bad, tmp_path / "b")
+    assert code == 2 and "Traceback" not in err
+    assert "l7.gate_up" in err and "checkpoint does not fit" in err
     assert not (tmp_path / "b" / "qwen3.json").exists()
 
 
-def test_config_of_another_model_is_blamed_on_the_config(tmp_path, offline_analysis_json):
+def test_config_of_another_model_is_blamed_on_the_config(tmp_path, capsys, offline_analysis_json):
     cfg = json.loads(CONFIG.read_text())
     cfg["hidden_size"] *= 2
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(cfg))
-    r = subprocess.run([sys.executable, "-m", "mine.cli", "gen", "qwen3", "--dump", str(REAL), "--config", str(bad),
-                        "--analysis", str(offline_analysis_json), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"the config's hidden_size is {cfg['hidden_size']}" in r.stderr and "another model" in r.stderr
+    code, err = _gen(capsys, "--dump", REAL, "--config", bad, "--analysis", offline_analysis_json,
+                     "--out", tmp_path / "o")
+    assert code == 2 and "Traceback" not in err
+    assert f"the config's hidden_size is {cfg['hidden_size']}" in err and "another model" in err

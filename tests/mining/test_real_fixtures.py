@@ -338,8 +338,8 @@ OFFLINE_BIN = FIXTURES / "vllm" / "vllm-offline-bin.tar.xz"
 
 
 @pytest.fixture(scope="module")
-def offb():
-    return analyze(load_dump(OFFLINE_BIN))
+def offb(offline_bin_analysis):
+    return offline_bin_analysis   # the session's (tests/conftest.py)
 
 
 def test_binary_capture_is_the_json_capture(off, offb):
