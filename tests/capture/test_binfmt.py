@@ -305,7 +305,8 @@ def _twins(tmp_path: Path, n: int):
     return b, j, got, want
 
 
-@pytest.mark.parametrize("n", [500, 20000])
+# 500 records are already several tasks of both readers at this CHUNK (binary: chunk / 4 bytes each)
+@pytest.mark.parametrize("n", [500, pytest.param(20000, marks=pytest.mark.slow)])
 def test_bin_loads_to_the_frames_of_its_json_twin(tmp_path, monkeypatch, n):
     monkeypatch.setattr(load, "CHUNK", 64 << 10)  # many tasks: categories unified across them
     b, j, got, want = _twins(tmp_path, n)
