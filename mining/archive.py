@@ -11,8 +11,11 @@ ever written beside the archive, so an archive in a read-only folder reads like 
 Members that would land outside the folder (absolute paths, `..`, links) are refused, so an archive
 from elsewhere cannot write anywhere else. `user_path(text)` rewrites the folders this process
 unpacked into the archive path the user gave (`<archive>:pid600/launches.jsonl`), so that a reader
-error names what the user typed. Not handled: archives of archives; two processes replacing one
-entry at the same moment (the later rename wins; both read complete folders).
+error names what the user typed. Two processes unpacking one archive at once each extract into a
+temporary folder beside the entry; the first to finish installs it and the other uses that copy.
+Not handled: archives of archives; a process reading an entry while another replaces it because
+the archive changed in between; temporary folders of a process killed while extracting (inside
+the cache, removed with it).
 """
 
 from __future__ import annotations
@@ -64,17 +67,32 @@ def unpack(path: str | os.PathLike, cache: bool = True, cache_dir: str | os.Path
     try:
         _extract(p, tmp)
         (tmp / STAMP).write_text(stamp)
-        old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError:
-        if _stamp(dest) != stamp:   # not another process's complete copy: unpack without the cache
-            shutil.rmtree(tmp, ignore_errors=True)
-            return unpack(p, cache=False)
+        _install(tmp, dest, stamp)
+    except OSError:   # the cache could not take it: unpack without the cache
         shutil.rmtree(tmp, ignore_errors=True)
+        return unpack(p, cache=False)
     return _named(dest, p)
+
+
+def _install(tmp: Path, dest: Path, stamp: str) -> None:
+    """`tmp` becomes `dest`, unless `dest` already is this archive's complete copy (a process that
+    unpacked it at the same time): a complete copy another process may be reading is never moved.
+    A stale copy (of an archive since changed) is moved aside and removed."""
+    for _ in range(3):
+        try:
+            tmp.rename(dest)   # refused while dest exists (a directory that is not empty)
+            return
+        except OSError:
+            if _stamp(dest) == stamp:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+        old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
+        try:
+            dest.rename(old)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+    raise OSError(f"{dest}: could not be replaced")
 
 
 def user_path(text: str) -> str:

@@ -82,6 +82,22 @@ def test_a_changed_archive_replaces_its_entry(tmp_path):
     assert (next((cache / "archives").iterdir()) / archive.STAMP).read_text().endswith(" 2")
 
 
+def test_unpacks_at_the_same_time_share_one_entry(tmp_path):
+    import threading
+
+    arch = tmp_path / PROBE.name
+    shutil.copy2(PROBE, arch)
+    cache = tmp_path / "cache"
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(archive.unpack(arch, cache_dir=cache))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1 and [p.name for p in (cache / "archives").iterdir()] == [got[0].name]
+    assert (got[0] / archive.STAMP).is_file() and load_dump(got[0]).launches.shape[0] > 0
+
+
 def test_no_cache_reads_and_writes_no_cache(tmp_path):
     cache = tmp_path / "cache"
     d = load_dump(PROBE, cache=False, cache_dir=cache)
