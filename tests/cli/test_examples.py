@@ -109,7 +109,8 @@ def _tracked_changes(clone: Path) -> str:
 def test_examples_are_found():
     assert len(readme_examples()) >= 10
     run = sum(len(v) for v in help_examples().values())
-    assert run >= 15 and run >= all_help_lines() - 6, (run, all_help_lines())
+    # examples under a "need ..." heading are not run here; they stay the few (a GPU, an engine)
+    assert run >= 15 and run >= 2 * (all_help_lines() - run), (run, all_help_lines())
     placeholder = re.compile(r"\b(DIR|DUMP|OUT)\b|pid1234")
     assert not [ln for v in help_examples().values() for ln in v if placeholder.search(ln)], \
         "an example uses a placeholder instead of a shipped path"
