@@ -50,7 +50,7 @@ def analyze_cmd(
 
     sections = report.parse_sections(section)
     if gap_ms is not None and not gap_ms > 0:
-        raise UsageError(f"--gap-ms must be more than 0 ms, got {gap_ms:g}")
+        raise UsageError(f"--gap-ms must be more than 0 ms, got {gap_ms:g}", value=gap_ms, limit=0)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture

@@ -34,9 +34,10 @@ def memory(manifest: Path = typer.Argument(..., help="Manifest JSON (verified fi
     from generators.k3.memory import GIB, rank_memory
 
     if not hbm > 0:
-        raise UsageError(f"--hbm must be more than 0 GiB, got {hbm}")
+        raise UsageError(f"--hbm must be more than 0 GiB, got {hbm}", value=hbm, limit=0)
     if not 0 <= reserve < hbm:
-        raise UsageError(f"--reserve must be at least 0 and less than --hbm ({hbm} GiB), got {reserve}")
+        raise UsageError(f"--reserve must be at least 0 and less than --hbm ({hbm} GiB), got {reserve}",
+                         value=reserve, limit=hbm)
 
     r = rank_memory(_load(manifest), hbm, reserve)
     for kind, n in r["by_kind"].items():
