@@ -11,49 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 
-from generators.safetensors import CheckpointError, read_header as _header
+from generators.safetensors import CheckpointError, tensors
 
 SAMPLE = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    file: Path
-    begin: int  # absolute byte offset of the data in `file`
-    end: int
-
-
-def read_header(path: Path) -> list[Tensor]:
-    """The tensors of one safetensors file, with their data's absolute byte ranges (the header is
-    read and checked by generators.safetensors, the one reader of it)."""
-    path = Path(path)
-    try:
-        head = _header(path)
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            size = f.seek(0, 2)
-    except OSError as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
-    out = []
-    for name, t in head.items():
-        try:
-            b, e = (int(x) for x in t["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name!r} has no valid data_offsets") from None
-        if not 0 <= b <= e or 8 + n + e > size:
-            raise CheckpointError(f"{path}: tensor {name!r} lies outside the file (offsets {b}..{e}, "
-                                  f"{size - 8 - n} data bytes)")
-        out.append(Tensor(name, str(t["dtype"]), tuple(t["shape"]), path, 8 + n + b, 8 + n + e))
-    return out
 
 
 def files(folder: Path) -> list[Path]:
@@ -65,17 +27,6 @@ def files(folder: Path) -> list[Path]:
     if not found:
         raise CheckpointError(f"checkpoint {folder} holds no *.safetensors file")
     return found
-
-
-def tensors(paths: list[Path]) -> dict[str, Tensor]:
-    """Every tensor of the given files by name; a name in two files is refused (kern would bind one)."""
-    out: dict[str, Tensor] = {}
-    for p in paths:
-        for t in read_header(p):
-            if t.name in out:
-                raise CheckpointError(f"tensor {t.name!r} is in both {out[t.name].file.name} and {p.name}")
-            out[t.name] = t
-    return out
 
 
 def fingerprint(folder: Path) -> str:

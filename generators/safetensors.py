@@ -2,13 +2,16 @@
 
 Why one: `mine gen qwen3 --weights` and `mine k3 binds` both match a manifest's binds against the
 tensor names and shapes of a checkpoint's headers; a damaged header is one `CheckpointError`
-naming the file, never a struct or JSON exception.
+naming the file, never a struct or JSON exception. `tensor_ranges` and `tensors` add where each
+tensor's bytes lie, for the readers of the bytes (`mine compare`'s checkpoint fingerprint, the
+compiler's weight binder).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from vocab.errors import MineError
@@ -45,3 +48,50 @@ def read_header(path: Path) -> dict:
         if not ok:
             raise CheckpointError(f"{path.name}: tensor `{name}` has no dtype and shape in the header", value=name)
     return header
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+    begin: int  # absolute byte offset of the data in `file`
+    end: int
+
+
+def tensor_ranges(path: Path) -> list[Tensor]:
+    """The tensors of one safetensors file with their data's absolute byte ranges (for readers of
+    the bytes: a checkpoint's fingerprint, the compiler's weight binder)."""
+    path = Path(path)
+    try:
+        head = read_header(path)
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            size = f.seek(0, 2)
+    except OSError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    out = []
+    for name, t in head.items():
+        try:
+            b, e = (int(x) for x in t["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: tensor {name!r} has no valid data_offsets") from None
+        if not 0 <= b <= e or 8 + n + e > size:
+            raise CheckpointError(f"{path}: tensor {name!r} lies outside the file (offsets {b}..{e}, "
+                                  f"{size - 8 - n} data bytes)")
+        out.append(Tensor(name, str(t["dtype"]), tuple(t["shape"]), path, 8 + n + b, 8 + n + e))
+    return out
+
+
+def tensors(paths: list[Path]) -> dict[str, Tensor]:
+    """Every tensor of the given files by name; a name in two files is refused (kern would bind one)."""
+    out: dict[str, Tensor] = {}
+    for p in paths:
+        for t in tensor_ranges(p):
+            if t.name in out:
+                raise CheckpointError(f"tensor {t.name!r} is in both {out[t.name].file.name} and {p.name}")
+            out[t.name] = t
+    return out
