@@ -30,9 +30,6 @@ import numpy as np
 from generators.safetensors import Tensor, tensors as checkpoint_tensors
 
 KEY = 64  # bytes of a row start that index it; shorter rows are indexed by their whole length
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8,
-               "F8_E4M3": 1, "F8_E5M2": 1}
-
 
 @dataclass(frozen=True)
 class Piece:
@@ -94,8 +91,11 @@ class Index:
 
 
 def row_bytes(t: Tensor) -> int:
-    width = DTYPE_BYTES.get(t.dtype, 1)
-    return (t.shape[-1] if t.shape else 1) * width
+    """Bytes of one row (the last dimension), from the tensor's size: no dtype table needed."""
+    rows = 1
+    for d in t.shape[:-1]:
+        rows *= d
+    return (t.end - t.begin) // rows if rows else 0
 
 
 def index(files: Iterable[Path]) -> Index:
