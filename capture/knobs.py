@@ -49,6 +49,13 @@ KNOBS: tuple[Knob, ...] = (
          "async pools, IPC) to allocs.jsonl, so mining classifies pointer words offline; combine with "
          "MINE_CAPTURE_CLASSIFY=0 to skip the per-launch driver lookups (docs/dump-format.md)",
          "bool"),
+    Knob("MINE_CAPTURE_COPY_LOG", "1",
+         "1 = write every host-to-device copy (cuMemcpyHtoD*, cudaMemcpy* from host memory, memcpy nodes) "
+         "to copies.jsonl with the launch seq it precedes, its destination and size; 0 = no copy log "
+         "(docs/dump-format.md \"Copy log\")", "bool"),
+    Knob("MINE_CAPTURE_COPY_BYTES", "4096",
+         "a copy of at most this many bytes carries them in copies.jsonl (hex); 0 = no bytes; at most 65536",
+         "uint"),
     Knob("MINE_CAPTURE_COMPACT", "0",
          "1 = write each distinct function (symbol, demangled name, attributes, module, parameter layout) "
          "once to functions.jsonl and let launch records carry \"fn\": id and params without off/size "
@@ -108,8 +115,9 @@ def check_value(env: str, value: str) -> str:
             re.compile(value)
         except re.error as exc:
             raise UsageError(f"{env} is not a valid regular expression ({exc}).", value=value) from None
-    if knob.kind == "uint" and env == "MINE_CAPTURE_HOST_BYTES" and int(value) > 4096:
-        raise UsageError(f"{env} must be at most 4096, got {value}.", value=int(value), limit=4096)
+    limit = {"MINE_CAPTURE_HOST_BYTES": 4096, "MINE_CAPTURE_COPY_BYTES": 65536}.get(env)
+    if knob.kind == "uint" and limit is not None and int(value) > limit:
+        raise UsageError(f"{env} must be at most {limit}, got {value}.", value=int(value), limit=limit)
     return value
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 #   alloc_log   only logged (the allocation log), no epoch
 #   tensormap   a cuTensorMapEncode*: one tensormaps.jsonl record (tmap.c)
 #   graph       stream capture and graph lifecycle: one graphs.jsonl event (graphs.c)
+#   copy        a host-to-device copy, or a memcpy node of a hand-built graph: one copies.jsonl record
+#               (copies.c; the generic cuMemcpy* only when the driver says host -> device)
 # Kinds name the parameter struct shape within a family (the C code reads one representative
 # struct per kind; the header asserts that every call of the kind has that struct's layout).
 KIND_FAMILY = {
@@ -41,10 +43,13 @@ KIND_FAMILY = {
     "TMAP_TILED": "tensormap", "TMAP_IM2COL": "tensormap", "TMAP_IM2COL_WIDE": "tensormap",
     "CAPTURE_BEGIN": "graph", "CAPTURE_END": "graph", "INSTANTIATE": "graph", "GRAPH_LAUNCH": "graph",
     "EXEC_DESTROY": "graph", "GRAPH_DESTROY": "graph",
+    "COPY_HTOD": "copy", "COPY_HTOD_ASYNC": "copy", "COPY_ANY": "copy", "COPY_ANY_ASYNC": "copy",
+    "COPY_NODE_ADD": "copy", "COPY_NODE_SET": "copy", "COPY_NODE_EXEC_SET": "copy",
 }
 # When a callback is enabled: always (module links are made even with MODULES_ONLY), with launch
-# capture (not MODULES_ONLY), or only with the allocation log.
-ENABLES = ("ALWAYS", "LAUNCHES", "ALLOC_LOG")
+# capture (not MODULES_ONLY), only with the allocation log, or only with the copy log
+# (MINE_CAPTURE_COPY_LOG, on by default; not with MODULES_ONLY).
+ENABLES = ("ALWAYS", "LAUNCHES", "ALLOC_LOG", "COPY_LOG")
 
 
 # How an allocation-log event's base, size and handle are read from the call's `*_params`:
@@ -79,8 +84,9 @@ class Callback:
 
     @property
     def ptsz(self) -> bool:
-        """A NULL stream means the per-thread default stream."""
-        return self.name.endswith("_ptsz")
+        """A NULL stream means the per-thread default stream (a _ptds call has no stream argument:
+        it runs on the per-thread default stream)."""
+        return self.name.endswith(("_ptsz", "_ptds"))
 
     @property
     def logged(self) -> bool:
@@ -168,6 +174,14 @@ CALLBACKS: tuple[Callback, ...] = (
           "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz"),
     *_cbs("GRAPH_LAUNCH", "cuGraphLaunch", "cuGraphLaunch_ptsz"),
     Callback("cuGraphExecDestroy", "EXEC_DESTROY"), Callback("cuGraphDestroy", "GRAPH_DESTROY"),
+    # host-to-device copies (copies.jsonl); the runtime's cudaMemcpy* arrive as these
+    *_cbs("COPY_HTOD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", enable="COPY_LOG"),
+    *_cbs("COPY_HTOD_ASYNC", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", enable="COPY_LOG"),
+    *_cbs("COPY_ANY", "cuMemcpy", "cuMemcpy_ptds", enable="COPY_LOG"),
+    *_cbs("COPY_ANY_ASYNC", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", enable="COPY_LOG"),
+    Callback("cuGraphAddMemcpyNode", "COPY_NODE_ADD", enable="COPY_LOG"),
+    Callback("cuGraphMemcpyNodeSetParams", "COPY_NODE_SET", enable="COPY_LOG"),
+    Callback("cuGraphExecMemcpyNodeSetParams", "COPY_NODE_EXEC_SET", enable="COPY_LOG"),
 )
 BY_NAME = {c.name: c for c in CALLBACKS}
 # Resource-domain callbacks (CUPTI_CBID_RESOURCE_<name>): always enabled.

@@ -74,6 +74,17 @@ const mc_cb_t *mc_cb_of(CUpti_CallbackId cbid) {
 #define CHECK_TMAP_TILED CHECK_NONE   /* tmap.c reads each call's own struct */
 #define CHECK_TMAP_IM2COL CHECK_NONE
 #define CHECK_TMAP_IM2COL_WIDE CHECK_NONE
+#define CHECK_COPY_HTOD(t, s) SAME_AT(t, s, cuMemcpyHtoD_v2, dstDevice) SAME_AT(t, s, cuMemcpyHtoD_v2, srcHost) \
+  SAME_AT(t, s, cuMemcpyHtoD_v2, ByteCount)
+#define CHECK_COPY_HTOD_ASYNC(t, s) SAME_AT(t, s, cuMemcpyHtoDAsync_v2, dstDevice) \
+  SAME_AT(t, s, cuMemcpyHtoDAsync_v2, srcHost) SAME_AT(t, s, cuMemcpyHtoDAsync_v2, ByteCount) \
+  SAME_AT(t, s, cuMemcpyHtoDAsync_v2, hStream)
+#define CHECK_COPY_ANY(t, s) SAME_AT(t, s, cuMemcpy, dst) SAME_AT(t, s, cuMemcpy, src) SAME_AT(t, s, cuMemcpy, ByteCount)
+#define CHECK_COPY_ANY_ASYNC(t, s) SAME_AT(t, s, cuMemcpyAsync, dst) SAME_AT(t, s, cuMemcpyAsync, src) \
+  SAME_AT(t, s, cuMemcpyAsync, ByteCount) SAME_AT(t, s, cuMemcpyAsync, hStream)
+#define CHECK_COPY_NODE_ADD CHECK_NONE /* one call each: copies.c reads its own struct */
+#define CHECK_COPY_NODE_SET CHECK_NONE
+#define CHECK_COPY_NODE_EXEC_SET CHECK_NONE
 #define CHECK_EXEC_DESTROY CHECK_NONE
 #define CHECK_GRAPH_DESTROY CHECK_NONE
 #define CHECK_ROW(n, kind, ...) CHECK_##kind(n##_params, #n)
@@ -137,6 +148,7 @@ static void on_exit_site(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackDat
   case MC_FAM_ALLOC_LOG: alloc_log_exit(row->cbid, d); return;
   case MC_FAM_TENSORMAP: mc_on_tensormap(row, d); return;
   case MC_FAM_GRAPH: mc_on_graph(row, d); return;
+  case MC_FAM_COPY: mc_on_copy(t, row, d); return;
   }
 }
 
@@ -168,6 +180,7 @@ static int wanted(const mc_cb_t *row) {
   switch (row->enable) {
   case MC_EN_ALWAYS: return 1;
   case MC_EN_LAUNCHES: return !mc_knobs.modules_only;
+  case MC_EN_COPY_LOG: return !mc_knobs.modules_only && mc_knobs.copy_log;
   default: return !mc_knobs.modules_only && mc_knobs.alloc_log;
   }
 }

@@ -99,6 +99,9 @@ static void read_knobs(void) {
   mc_knobs.modules_only = env_u64("MINE_CAPTURE_MODULES_ONLY", 0) != 0;
   mc_knobs.host_bytes = (unsigned)env_u64("MINE_CAPTURE_HOST_BYTES", 64);
   if (mc_knobs.host_bytes > 4096) mc_knobs.host_bytes = 4096;
+  mc_knobs.copy_log = env_u64("MINE_CAPTURE_COPY_LOG", 1) != 0 && !mc_knobs.modules_only;
+  uint64_t copy_bytes = env_u64("MINE_CAPTURE_COPY_BYTES", 4096);
+  mc_knobs.copy_bytes = copy_bytes > 65536 ? 65536 : (unsigned)copy_bytes;
   const char *w = getenv("MINE_CAPTURE_WRITER"); /* default write: see docs/benchmarks.md */
   mc_knobs.writer_write = 1;
   if (w && *w && strcmp(w, "write") != 0) {
@@ -313,6 +316,8 @@ void mc_meta_write(int final) {
   jb_lit(&b, ",\"prefault\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_prefault);
   jb_lit(&b, ",\"classify\":"); jb_u64(&b, (uint64_t)!mc_knobs.no_classify);
   jb_lit(&b, ",\"alloc_log\":"); jb_u64(&b, (uint64_t)mc_knobs.alloc_log);
+  jb_lit(&b, ",\"copy_log\":"); jb_u64(&b, (uint64_t)mc_knobs.copy_log);
+  jb_lit(&b, ",\"copy_bytes\":"); jb_u64(&b, mc_knobs.copy_bytes);
   if (mc_knobs.compact) jb_lit(&b, ",\"compact\":1"); /* absent by default: default meta.json unchanged */
   if (mc_knobs.bin) jb_lit(&b, ",\"format\":\"bin\"");
   if (mc_knobs.noop) jb_lit(&b, ",\"noop\":1");
@@ -333,6 +338,10 @@ void mc_meta_write(int final) {
     if (mc_knobs.alloc_log) {
       jb_lit(&b, ",\"alloc_events\":"); jb_u64(&b, mc_cnt.alloc_events);
       jb_lit(&b, ",\"alloc_dropped\":"); jb_u64(&b, mc_cnt.alloc_dropped);
+    }
+    if (mc_knobs.copy_log) {
+      jb_lit(&b, ",\"copies\":"); jb_u64(&b, mc_cnt.copies);
+      jb_lit(&b, ",\"copies_dropped\":"); jb_u64(&b, mc_cnt.copies_dropped);
     }
     jb_lit(&b, ",\"dropped\":{");
     for (int i = 0; i < MC_DROP_COUNT; i++) {

@@ -11,7 +11,7 @@
  * maps), toggle.c (MINE_CAPTURE_TOGGLE_MS), layout.c (per-handle layout cache, module table,
  * launch->module link), alloc.c (pointer classification, the allocation log), record.c (launch
  * record JSON and binary bodies, compact function records), writer.c (JSON building, the mmap and
- * write(2) record writers, sha256). tables.h: the per-API tables, generated from
+ * write(2) record writers, sha256), copies.c (host-to-device copies, copies.jsonl). tables.h: the per-API tables, generated from
  * vocab/capture_tables.py (the one place they are stated; Python reads the same module). */
 #ifndef MC_H
 #define MC_H
@@ -111,6 +111,8 @@ typedef struct {
   int no_prefault;           /* MINE_CAPTURE_PREFAULT=0: mmap writer without the helper thread or
                                 madvise; pages fault in on first touch (diagnostic) */
   unsigned host_bytes;
+  int copy_log;              /* MINE_CAPTURE_COPY_LOG=1 (default): host-to-device copies to copies.jsonl */
+  unsigned copy_bytes;       /* MINE_CAPTURE_COPY_BYTES: a copy of at most this many bytes carries them */
   uint64_t max_launches, max_bytes, skip;
   uint64_t toggle_ms;        /* MINE_CAPTURE_TOGGLE_MS=T: launch callbacks switched off and on every T
                                 ms by a thread of ours (diagnostic, toggle.c) */
@@ -143,6 +145,7 @@ typedef struct {
   atomic_ullong launches, launches_recorded, eligible, modules, cubin_bytes, no_layout;
   atomic_ullong alloc_events, alloc_dropped; /* allocs.jsonl records written / not written */
   atomic_ullong functions;                   /* functions.jsonl records written (compact) */
+  atomic_ullong copies, copies_dropped;      /* copies.jsonl records written / not written */
   atomic_ullong self_ns, self_launches;      /* MINE_CAPTURE_SELFTIME=1 */
   atomic_ullong dropped[MC_DROP_COUNT];
   atomic_ullong errors[MC_FN_COUNT];
@@ -188,7 +191,8 @@ void jb_u64(jb_t *b, uint64_t v);
 void jb_i64(jb_t *b, int64_t v);
 void jb_ptr(jb_t *b, uint64_t v);      /* "0x.." */
 void jb_hex(jb_t *b, const void *p, size_t n);
-enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_ALLOCS, MC_F_FUNCTIONS, MC_F_COUNT };
+enum { MC_F_LAUNCHES, MC_F_MODULES, MC_F_GRAPHS, MC_F_TENSORMAPS, MC_F_ALLOCS, MC_F_FUNCTIONS, MC_F_COPIES,
+       MC_F_COUNT };
 int mc_files_open(void);               /* 0 ok; makes DIR/pid<N>/ and opens the files */
 void mc_files_reset_after_fork(void);
 int mc_files_ready(void);              /* opens lazily after a fork; 0 when capture is off */
@@ -305,7 +309,7 @@ enum {
 #undef MC_FAMILY_ENUM
   MC_FAM_COUNT
 };
-enum { MC_EN_ALWAYS, MC_EN_LAUNCHES, MC_EN_ALLOC_LOG };
+enum { MC_EN_ALWAYS, MC_EN_LAUNCHES, MC_EN_ALLOC_LOG, MC_EN_COPY_LOG };
 typedef struct {
   CUpti_CallbackId cbid;
   const char *name;
@@ -330,6 +334,20 @@ static inline CUstream mc_cb_stream(const mc_cb_t *row, CUstream s) {
 /* launch.c: a launch API's or a kernel node's record */
 void mc_on_launch(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
 void mc_on_kernel_node(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
+
+/* copies.c: a host-to-device copy's record (copies.jsonl); parsing and formatting are pure (tested
+ * on CPU). */
+typedef struct {
+  uint64_t dst, src, size;
+  CUstream stream; int async;
+  int check;                /* the driver is asked whether src is host and dst device memory */
+  int is_node; CUgraph graph; CUgraphExec exec; CUgraphNode node; /* a memcpy node's definition */
+  int in_graph; CUgraph cap_graph; uint64_t capid;                /* a copy inside a stream capture */
+} mc_copy_t;
+typedef struct { uint64_t seq_before, t_ns; int tid, dev, result; } mc_copy_stamp_t;
+int mc_copy_parse(const mc_cb_t *row, const void *params, mc_copy_t *c); /* 0: not a copy of the log */
+void mc_copy_json(jb_t *b, const char *api, const mc_copy_t *c, const mc_copy_stamp_t *st, const void *bytes);
+void mc_on_copy(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
 
 /* graphs.c: stream captures in flight, graph lifecycle events */
 void mc_on_graph(const mc_cb_t *row, const CUpti_CallbackData *d);

@@ -82,6 +82,17 @@
   X(cuGraphLaunch_ptsz, GRAPH_LAUNCH, LAUNCHES, -1, 0, 1, 0, 0) \
   X(cuGraphExecDestroy, EXEC_DESTROY, LAUNCHES, -1, 0, 0, 0, 0) \
   X(cuGraphDestroy, GRAPH_DESTROY, LAUNCHES, -1, 0, 0, 0, 0) \
+  X(cuMemcpyHtoD_v2, COPY_HTOD, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyHtoD_v2_ptds, COPY_HTOD, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemcpyHtoDAsync_v2, COPY_HTOD_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyHtoDAsync_v2_ptsz, COPY_HTOD_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemcpy, COPY_ANY, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpy_ptds, COPY_ANY, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemcpyAsync, COPY_ANY_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyAsync_ptsz, COPY_ANY_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuGraphAddMemcpyNode, COPY_NODE_ADD, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuGraphMemcpyNodeSetParams, COPY_NODE_SET, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuGraphExecMemcpyNodeSetParams, COPY_NODE_EXEC_SET, COPY_LOG, -1, 0, 0, 0, 0) \
   /* end */
 
 /* X(name, params struct, event, base read, field, size read, field, handle read, field, device) */
@@ -148,6 +159,13 @@
   X(GRAPH_LAUNCH, GRAPH) \
   X(EXEC_DESTROY, GRAPH) \
   X(GRAPH_DESTROY, GRAPH) \
+  X(COPY_HTOD, COPY) \
+  X(COPY_HTOD_ASYNC, COPY) \
+  X(COPY_ANY, COPY) \
+  X(COPY_ANY_ASYNC, COPY) \
+  X(COPY_NODE_ADD, COPY) \
+  X(COPY_NODE_SET, COPY) \
+  X(COPY_NODE_EXEC_SET, COPY) \
   /* end */
 
 /* X(family) */
@@ -160,6 +178,7 @@
   X(ALLOC_LOG) \
   X(TENSORMAP) \
   X(GRAPH) \
+  X(COPY) \
   /* end */
 
 /* X(api byte, name): launch records' api, in byte order */
@@ -215,7 +234,7 @@
   /* end */
 
 #define MC_API_COUNT 16
-#define MC_CB_COUNT 76
+#define MC_CB_COUNT 87
 #define MC_LAUNCH_ATTR_COUNT 11
 
 #endif

@@ -54,16 +54,19 @@
 #endif
 
 static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.jsonl", "graphs.jsonl",
-                                                   "tensormaps.jsonl", "allocs.jsonl", "functions.jsonl"};
-static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0, 0};   /* records carry seq */
-static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0, 0};   /* mmap writer when chosen */
+                                                   "tensormaps.jsonl", "allocs.jsonl", "functions.jsonl",
+                                                   "copies.jsonl"};
+static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0, 0, 1};   /* records carry seq */
+static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0, 0, 1};   /* mmap writer when chosen */
 /* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1, functions.jsonl only with
- * MINE_CAPTURE_COMPACT=1 (their descriptors stay -1 otherwise). */
+ * MINE_CAPTURE_COMPACT=1, copies.jsonl only with MINE_CAPTURE_COPY_LOG=1 (their descriptors stay -1
+ * otherwise). */
 static const char *file_name(int f) {
   return f == MC_F_LAUNCHES && mc_knobs.bin ? "launches.bin" : file_names[f];
 }
 static int file_wanted(int f) {
-  return (f != MC_F_ALLOCS || mc_knobs.alloc_log) && (f != MC_F_FUNCTIONS || mc_knobs.compact);
+  return (f != MC_F_ALLOCS || mc_knobs.alloc_log) && (f != MC_F_FUNCTIONS || mc_knobs.compact) &&
+         (f != MC_F_COPIES || mc_knobs.copy_log);
 }
 
 #define WIN_SHIFT 26                           /* 64 MiB windows */

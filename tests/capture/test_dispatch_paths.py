@@ -62,7 +62,8 @@ def test_every_row_of_the_table_is_driven(run):
     rows = [x for x in lines if "name" in x]
     assert [x["name"] for x in rows] == [c.name for c in T.CALLBACKS]
     assert [x["family"] for x in rows] == [c.family.upper() for c in T.CALLBACKS]
-    assert {n for x in rows for n in x["expect"]} == {"launches", "graphs", "allocs", "tensormaps", "modules"}
+    assert {n for x in rows for n in x["expect"]} == {"launches", "graphs", "allocs", "tensormaps", "modules",
+                                                      "copies"}
 
 
 def test_what_each_row_did_is_in_the_dump(run):
@@ -137,7 +138,7 @@ def test_without_the_allocation_log_or_with_modules_only_fewer_callbacks_are_ena
                                                                                      enabled):
     lines, _ = H.run_all(harness, tmp_path, "json", *([knob] if knob else []))
     (got,) = [x["enabled"] for x in lines if "enabled" in x]
-    want = ("ALWAYS",) if enabled == "ALWAYS" else ("ALWAYS", "LAUNCHES")
+    want = ("ALWAYS",) if enabled == "ALWAYS" else ("ALWAYS", "LAUNCHES", "COPY_LOG")   # the copy log is on by default
     assert got == [c.name for c in T.CALLBACKS if c.enable in want]
 
 
@@ -156,5 +157,5 @@ def test_noop_records_nothing(harness, tmp_path):
     H.run_all(harness, tmp_path, "json", "noop", "alloc_log")
     (pid_dir,) = tmp_path.glob("pid*")
     files = H.read_dump(pid_dir)
-    assert files["launches"] == files["graphs"] == files["allocs"] == files["tensormaps"] == []
+    assert files["launches"] == files["graphs"] == files["allocs"] == files["tensormaps"] == files["copies"] == []
     assert files["meta"][0]["options"]["noop"] == 1 and files["meta"][0]["counters"]["launches"] == 0

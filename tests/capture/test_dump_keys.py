@@ -33,7 +33,7 @@ RUNS = {
 }
 SECTIONS = {"meta": "meta.json", "launches": "launches.jsonl", "functions": "Compact form",
             "graphs": "graphs.jsonl", "tensormaps": "tensormaps.jsonl", "allocs": "Allocation log",
-            "modules": "modules.jsonl"}
+            "modules": "modules.jsonl", "copies": "Copy log"}
 
 
 def _section(title: str) -> str:

@@ -54,7 +54,7 @@ def read_dump(pid_dir: Path) -> dict[str, list[dict]]:
     """Every file of a process folder as records; launches in either form, each joined to its
     function record (compact form), as a reader of the default form would see them."""
     files = {name: read_jsonl(pid_dir / f"{name}.jsonl")
-             for name in ("graphs", "tensormaps", "allocs", "modules", "functions")}
+             for name in ("graphs", "tensormaps", "allocs", "modules", "functions", "copies")}
     if (pid_dir / "launches.bin").is_file():
         launches = binfmt.decode_records(pid_dir)
     else:

@@ -137,10 +137,21 @@ static CUresult f_CtxGetDevice(CUdevice *d, CUcontext c) {
   *d = 0;
   return CUDA_SUCCESS;
 }
+/* Device memory: only [DEV_LO, DEV_HI), in 1 MiB allocations (the copy log's destinations);
+ * everything else is "not a CUDA pointer": zeros and success, as the driver answers. */
+#define DEV_LO 0x7d0000000000ull
+#define DEV_HI 0x7d0100000000ull
 static CUresult f_PointerGetAttributes(unsigned n, CUpointer_attribute *a, void **d, CUdeviceptr p) {
-  (void)a; (void)p;   /* no device memory on this machine: zeros and success, as the driver answers */
-  memset(d[0], 0, sizeof(unsigned));
-  for (unsigned i = 1; i < n; i++) memset(d[i], 0, 8);
+  int dev = p >= DEV_LO && p < DEV_HI;
+  for (unsigned i = 0; i < n; i++) {
+    switch (a[i]) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)d[i] = dev ? CU_MEMORYTYPE_DEVICE : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)d[i] = dev ? (p & ~0xfffffull) : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)d[i] = dev ? (1u << 20) : 0; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)d[i] = dev ? 1 + ((p - DEV_LO) >> 20) : 0; break;
+    default: memset(d[i], 0, 8);
+    }
+  }
   return CUDA_SUCCESS;
 }
 /* streams being captured: the harness opens a capture before calling cuStreamBeginCapture */
@@ -609,6 +620,138 @@ static void drive_graph(const mc_cb_t *row) {
   EXPECT_END();
 }
 
+/* ---- host-to-device copies (copies.jsonl) ---- */
+static unsigned char copy_src[8192];
+static void fill_src(size_t n, int salt) {
+  for (size_t i = 0; i < n; i++) copy_src[i] = (unsigned char)(i * 7 + (size_t)salt * 13 + 1);
+}
+static void memcpy3d_1d(CUDA_MEMCPY3D *m, CUdeviceptr dst, size_t n) {
+  memset(m, 0, sizeof *m);
+  m->srcMemoryType = CU_MEMORYTYPE_HOST; m->srcHost = copy_src;
+  m->dstMemoryType = CU_MEMORYTYPE_DEVICE; m->dstDevice = dst;
+  m->WidthInBytes = n; m->Height = 1; m->Depth = 1;
+}
+/* One call of a copy row: n bytes of copy_src to dst (s: the stream of the async calls). */
+static void copy_call(const mc_cb_t *row, CUdeviceptr dst, size_t n, uintptr_t s, CUgraph g, CUgraphExec x,
+                      CUgraphNode node, CUresult rc) {
+  CUDA_MEMCPY3D m;
+  memcpy3d_1d(&m, dst, n);
+  CUdeviceptr src = (CUdeviceptr)(uintptr_t)copy_src;
+  switch (row->kind) {
+  case MC_K_COPY_HTOD: { cuMemcpyHtoD_v2_params p = {dst, copy_src, n}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_HTOD_ASYNC: { cuMemcpyHtoDAsync_v2_params p = {dst, copy_src, n, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_ANY: { cuMemcpy_params p = {dst, src, n}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_ANY_ASYNC: { cuMemcpyAsync_params p = {dst, src, n, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_NODE_ADD: { cuGraphAddMemcpyNode_params p = {&node, g, NULL, 0, &m, CTX};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_NODE_SET: { cuGraphMemcpyNodeSetParams_params p = {node, &m}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_NODE_EXEC_SET: { cuGraphExecMemcpyNodeSetParams_params p = {x, node, &m, CTX};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  default: printf("{\"error\":\"no driver for %s\"}\n", row->name);
+  }
+}
+static int copy_async(const mc_cb_t *row) { return row->kind == MC_K_COPY_HTOD_ASYNC || row->kind == MC_K_COPY_ANY_ASYNC; }
+static int copy_node(const mc_cb_t *row) { return row->kind >= MC_K_COPY_NODE_ADD && row->kind <= MC_K_COPY_NODE_EXEC_SET; }
+
+static void drive_copy(const mc_cb_t *row) {
+  static int n;
+  CUdeviceptr dst = DEV_LO + 0x1000 * (CUdeviceptr)n;
+  uintptr_t s = 0x5c00 + 0x10 * (uintptr_t)n;
+  CUgraph g = (CUgraph)(0x9a00 + 0x10 * (uintptr_t)n);
+  CUgraphExec x = (CUgraphExec)(0xea00 + 0x10 * (uintptr_t)n);
+  CUgraphNode node = (CUgraphNode)(0xda00 + 0x10 * (uintptr_t)n);
+  fill_src(24, n);
+  copy_call(row, dst, 24, s, g, x, node, CUDA_SUCCESS);
+  expect_begin(row);
+  printf("\"copies\":[{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":24,\"async\":%d,\"result\":0,\"hex\":\"", row->name,
+         (unsigned long)dst, copy_async(row));
+  hexs(copy_src, 24);
+  printf("\",\"stream\":\"0x%lx\"", copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0));
+  if (copy_node(row)) {
+    uintptr_t gh = row->kind == MC_K_COPY_NODE_ADD ? (uintptr_t)g : row->kind == MC_K_COPY_NODE_EXEC_SET ? (uintptr_t)x : 0;
+    printf(",\"node\":\"0x%lx\",\"graph\":{\"graph\":\"0x%lx\",\"capture_id\":0}", (unsigned long)(uintptr_t)node,
+           (unsigned long)gh);
+  } else {
+    printf(",\"graph\":null");
+  }
+  printf("}]");
+  EXPECT_END();
+  n++;
+}
+
+/* ---- mode copies: copies made between launches, each printed with the launch seq it precedes ---- */
+static long launches_made, copies_made, copies_fail_at;
+static const mc_cb_t *row_named(const char *name) {
+  for (size_t i = 0; i < MC_CB_COUNT; i++)
+    if (strcmp(mc_cbs[i].name, name) == 0) return &mc_cbs[i];
+  return NULL;
+}
+/* A copy through row `name`; printed as {"copy": {...}} with what the record must hold. */
+static void one_copy(const char *name, CUdeviceptr dst, size_t n, int salt, uintptr_t s, CUresult rc, uint64_t capid) {
+  const mc_cb_t *row = row_named(name);
+  fill_src(n, salt);
+  copy_call(row, dst, n, s, NULL, NULL, NULL, rc);
+  copies_made++;
+  printf("{\"copy\":{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":%zu,\"seq_before\":%ld,\"result\":%d,\"async\":%d,"
+         "\"stream\":\"0x%lx\",\"capture_id\":%lu,\"bytes\":\"", name, (unsigned long)dst, n, launches_made, (int)rc,
+         copy_async(row), copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0),
+         (unsigned long)capid);
+  hexs(copy_src, n);
+  printf("\"}}\n");
+}
+
+static int run_copies(long rounds) {
+  static unsigned char host_dst[64];
+  fail_at = copies_fail_at;   /* the library's FAIL_AT-th allocation from here on fails (0: none) */
+  mc_sys_realloc = failing_realloc;
+  for (long r = 0; r < rounds; r++) {
+    launch_loop_kernel((int)r, 0); launches_made++;
+    one_copy("cuMemcpyHtoD_v2", DEV_LO, 32, (int)(4 * r), 0, CUDA_SUCCESS, 0);
+    one_copy("cuMemcpyHtoDAsync_v2_ptsz", DEV_LO + 16, 32, (int)(4 * r + 1), 0, CUDA_SUCCESS, 0); /* overlaps */
+    launch_packed((int)r); launches_made++;
+    one_copy("cuMemcpyHtoDAsync_v2", DEV_LO + 0x10000, 8192, (int)(4 * r + 2), 0x5d00, CUDA_SUCCESS, 0);
+    one_copy("cuMemcpy_ptds", DEV_LO + 0x30000, 8, (int)(4 * r + 3), 0, CUDA_SUCCESS, 0);
+    one_copy("cuMemcpyHtoD_v2_ptds", DEV_LO + 0x40000, 8, 99, 0, CUDA_ERROR_INVALID_VALUE, 0); /* failed: no bytes */
+    /* device -> host and host -> host through the generic calls: not host-to-device, not recorded */
+    cuMemcpyAsync_params d2h = {(CUdeviceptr)(uintptr_t)host_dst, DEV_LO + 0x20000, 16, (CUstream)0x5d00};
+    cupti_api(row_named("cuMemcpyAsync")->cbid, "cuMemcpyAsync", &d2h);
+    cuMemcpy_params h2h = {(CUdeviceptr)(uintptr_t)host_dst, (CUdeviceptr)(uintptr_t)copy_src, 16};
+    cupti_api(row_named("cuMemcpy")->cbid, "cuMemcpy", &h2h);
+    printf("{\"not_copied\":[\"0x%lx\"]}\n", (unsigned long)(uintptr_t)host_dst);
+    launch_ex((int)r); launches_made++;
+    if (r == 1) {   /* an async copy on a stream being captured: it belongs to the graph */
+      cap_stream = (CUstream)0x5e00; cap_id = 777; cap_graph = (CUgraph)0x9e77;
+      cuStreamBeginCapture_params b = {.hStream = cap_stream};
+      cupti_api(row_named("cuStreamBeginCapture")->cbid, "cuStreamBeginCapture", &b);
+      one_copy("cuMemcpyHtoDAsync_v2", DEV_LO + 0x50000, 16, 55, 0x5e00, CUDA_SUCCESS, 777);
+      CUgraph out = cap_graph;
+      cuStreamEndCapture_params e = {cap_stream, &out};
+      cupti_api(row_named("cuStreamEndCapture")->cbid, "cuStreamEndCapture", &e);
+      cap_id = 0;
+    }
+  }
+  mc_files_finalize();
+  mc_meta_write(1);
+  printf("{\"done\":{\"copies_made\":%ld,\"launches_made\":%ld,\"off\":%d,\"allocs\":%ld}}\n", copies_made,
+         launches_made, atomic_load(&mc_off), alloc_n);
+  return 0;
+}
+
+/* ---- mode copybench: N async copies of SIZE bytes back to back (for callgrind: instructions per copy) ---- */
+static int run_copybench(long n, size_t size) {
+  const mc_cb_t *row = row_named("cuMemcpyHtoDAsync_v2");
+  fill_src(size, 1);
+  for (long i = 0; i < 100; i++) copy_call(row, DEV_LO, size, 0x5d00, NULL, NULL, NULL, CUDA_SUCCESS);
+  double t0 = now_ns();
+  for (long i = 0; i < n; i++) copy_call(row, DEV_LO + 64 * (CUdeviceptr)(i & 1023), size, 0x5d00, NULL, NULL, NULL,
+                                         CUDA_SUCCESS);
+  printf("{\"ns_per_copy_back_to_back\":%.1f}\n", (now_ns() - t0) / n);
+  mc_files_finalize();
+  return 0;
+}
+
 /* A launch whose parameter is the tiled encode's 128 bytes: linked to that encode (json form). */
 static void launch_with_tmap(void) {
   void *args[1] = {tmap_bytes};
@@ -669,6 +812,7 @@ static int run_all(const char *cubin_path) {
     case MC_FAM_FREE: case MC_FAM_ALLOC: case MC_FAM_ALLOC_LOG: drive_memory(row); break;
     case MC_FAM_TENSORMAP: drive_tensormap(row); break;
     case MC_FAM_GRAPH: drive_graph(row); break;
+    case MC_FAM_COPY: drive_copy(row); break;
     default: printf("{\"error\":\"no driver for %s\"}\n", row->name);
     }
   }
@@ -695,6 +839,10 @@ static int set_knob(const char *k) {
   else if (strncmp(k, "alternate=", 10) == 0) mc_knobs.alternate = strtoull(k + 10, NULL, 10);
   else if (strncmp(k, "toggle=", 7) == 0) mc_knobs.toggle_ms = strtoull(k + 7, NULL, 10);
   else if (strncmp(k, "max_launches=", 13) == 0) mc_knobs.max_launches = strtoull(k + 13, NULL, 10);
+  else if (strcmp(k, "copy_log0") == 0) mc_knobs.copy_log = 0;
+  else if (strncmp(k, "copy_bytes=", 11) == 0) mc_knobs.copy_bytes = (unsigned)strtoul(k + 11, NULL, 10);
+  else if (strcmp(k, "writer=write") == 0) mc_knobs.writer_write = 1;
+  else if (strncmp(k, "fail=", 5) == 0) copies_fail_at = atol(k + 5);
   else return -1;
   return 0;
 }
@@ -706,6 +854,8 @@ int main(int argc, char **argv) {
   snprintf(mc_knobs.dir, sizeof mc_knobs.dir, "%s", argv[2]);
   mc_knobs.writer_write = 0;           /* the capture's default writer: mmap */
   mc_knobs.host_bytes = 64;
+  mc_knobs.copy_log = 1;               /* the library's defaults (init.c) */
+  mc_knobs.copy_bytes = 4096;
   if (strcmp(form, "json") != 0) {     /* bin, noop, filtered: the binary form's knobs */
     mc_knobs.bin = 1; mc_knobs.compact = 1; mc_knobs.alloc_log = 1; mc_knobs.no_classify = 1;
   }
@@ -713,7 +863,7 @@ int main(int argc, char **argv) {
   if (strcmp(form, "filtered") == 0) {
     mc_knobs.has_include = regcomp(&mc_knobs.include_re, "^no_such_kernel$", REG_EXTENDED | REG_NOSUB) == 0;
   }
-  if (strcmp(mode, "all") == 0)
+  if (strcmp(mode, "all") == 0 || strcmp(mode, "copies") == 0)
     for (int i = 5; i < argc; i++)
       if (set_knob(argv[i]) != 0) { fprintf(stderr, "unknown knob %s\n", argv[i]); return 2; }
   mc_pid = getpid();
@@ -725,6 +875,8 @@ int main(int argc, char **argv) {
   if (mc_files_open() != 0) { printf("{\"open\":\"failed\"}\n"); return 1; }
   if (strcmp(mode, "oom") == 0 && argc > 5) return run_oom(argv[5]);
   if (strcmp(mode, "all") == 0) return run_all(argv[4]);
+  if (strcmp(mode, "copies") == 0) return run_copies(n);
+  if (strcmp(mode, "copybench") == 0 && argc > 5) return run_copybench(n, (size_t)atol(argv[5]));
   if (strcmp(mode, "records") == 0) {
     for (long i = 0; i < n; i++) {
       if (i % 3 == 0) launch_loop_kernel((int)i, 1);
