@@ -44,6 +44,10 @@ carry `fn` get their per-function columns and their parameters' off/size from th
 frames equal those of the same launches in the default form. Launches naming a function the file
 lacks are dropped with one warning. The cache is keyed on functions.jsonl too.
 
+Copy log (`copies.jsonl`, MINE_CAPTURE_COPY_LOG=1, the default; `mining/copies.py`): read into
+`Dump.copies`, each copy with the launch seq it precedes; `mining.copies.bytes_before` answers what
+a device range held before a launch. Not cached (the file is small next to the launch file).
+
 Re-exported for callers of `mining.load`: `DumpError` (mining/errors.py), `hex_le_u64` and
 `hex_num_u64` (mining/frames.py), `ALLOC_LOG` (mining/allocs.py).
 """
@@ -65,6 +69,7 @@ from mining.binload import read_bin_frames
 from mining.cache import read_cache, write_cache
 from mining.errors import DumpError
 from mining.frames import hex_le_u64, hex_num_u64  # re-exported: tests import them from here
+from mining.copies import COPIES, read_copies
 from mining.damage import FileReport, lines_report
 from mining.functions import FUNCTIONS, Functions, read_functions
 from mining.graphs import GRAPHS, read_graphs
@@ -93,6 +98,7 @@ class Dump:
     warnings: list[str] = field(default_factory=list)
     allocs: pd.DataFrame | None = None  # allocs.jsonl events (schema.ALLOC_COLUMNS), if any
     damage: list[FileReport] = field(default_factory=list)  # per file read: what was skipped (damage.py)
+    copies: pd.DataFrame | None = None  # copies.jsonl host-to-device copies (mining/copies.py), if any
 
 
 # ------------------------------------------------------------------ locating the files
@@ -251,7 +257,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     warnings: list[str] = []
     meta_warnings: list[str] = []
     reports = {name: FileReport(name) for name in (src.name, FUNCTIONS, ALLOC_LOG, "modules.jsonl",
-                                                   GRAPHS, "meta.json")}
+                                                   GRAPHS, COPIES, "meta.json")}
     meta = read_meta(folder, meta_warnings, reports["meta.json"])
     allocs, alloc_warnings = None, []
     if (folder / ALLOC_LOG).is_file():
@@ -303,11 +309,15 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     warnings = meta_warnings + warnings
     modules = _module_frame(folder, warnings, reports["modules.jsonl"])
     read_graphs(folder, None, reports[GRAPHS])
+    copies = read_copies(folder / COPIES, warnings, reports[COPIES]) if (folder / COPIES).is_file() else None
+    if copies is not None and (meta.get("counters") or {}).get("copies_dropped"):
+        warnings.append(f"{COPIES}: the capture could not write {meta['counters']['copies_dropped']} copy "
+                        f"record(s); the bytes of a range they wrote may be older ones")
     damage = [r for name, r in reports.items() if (folder / name).is_file() or name == src.name]
     warnings += _damage_notes(damage, meta, reports[src.name], len(launches))
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies)
 
 
 def _damage_notes(damage: list[FileReport], meta: dict, launch: FileReport, kept: int) -> list[str]:

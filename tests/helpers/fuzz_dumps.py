@@ -34,7 +34,7 @@ import numpy as np
 from capture import binfmt
 from mining.errors import DumpError
 
-SIDE = ("functions.jsonl", "allocs.jsonl", "modules.jsonl", "graphs.jsonl", "meta.json")
+SIDE = ("functions.jsonl", "allocs.jsonl", "modules.jsonl", "graphs.jsonl", "copies.jsonl", "meta.json")
 BYTE_KINDS = ("flip", "byte", "nul")
 KINDS_ANY = BYTE_KINDS + ("truncate", "zero", "insert")
 KINDS_LINES = ("del_line", "dup_line", "swap_lines", "garbage_line", "type_swap")
@@ -198,15 +198,15 @@ def run_reader(folder: Path, name: str, data: bytes, fns, rep_cls, full: bool = 
     """The reader of `name` on folder/name (holding `data`): its FileReport and records read.
     full False: only the stage that decides what is read and what is reported (the per-line
     checks and the report, no frames), the same functions the full reader calls first."""
-    from mining import allocs, damage, functions, graphs, load
+    from mining import allocs, copies, damage, functions, graphs, load
     from mining.jsonl import _OPTS, _launch_ok, read_frames, read_lines_file
 
     (folder / name).write_bytes(data)
     rep = rep_cls(name)
     w: list[str] = []
-    if not full and name in ("modules.jsonl", "graphs.jsonl", "functions.jsonl"):
+    if not full and name in ("modules.jsonl", "graphs.jsonl", "functions.jsonl", "copies.jsonl"):
         keep = {"modules.jsonl": load._module_event, "graphs.jsonl": graphs._graph_event,
-                "functions.jsonl": functions._function}[name]
+                "functions.jsonl": functions._function, "copies.jsonl": copies._copy}[name]
         rows, rep = damage.lines_report(name, data, keep, lambda line: "damaged")
         return rep, len(rows)
     if not full and name in ("allocs.jsonl", "launches.jsonl"):
@@ -224,6 +224,8 @@ def run_reader(folder: Path, name: str, data: bytes, fns, rep_cls, full: bool = 
         return rep, len(allocs.read_alloc_log(folder / name, w, rep))
     if name == "graphs.jsonl":
         return rep, len(graphs.read_graphs(folder, w, rep))
+    if name == "copies.jsonl":
+        return rep, len(copies.read_copies(folder / name, w, rep))
     if name == "modules.jsonl":
         return rep, len(load._module_frame(folder, w, rep))
     if name == "meta.json":

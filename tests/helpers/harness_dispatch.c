@@ -692,7 +692,9 @@ static const mc_cb_t *row_named(const char *name) {
 static void one_copy(const char *name, CUdeviceptr dst, size_t n, int salt, uintptr_t s, CUresult rc, uint64_t capid) {
   const mc_cb_t *row = row_named(name);
   fill_src(n, salt);
+  phase = "copy";
   copy_call(row, dst, n, s, NULL, NULL, NULL, rc);
+  phase = "launch";
   copies_made++;
   printf("{\"copy\":{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":%zu,\"seq_before\":%ld,\"result\":%d,\"async\":%d,"
          "\"stream\":\"0x%lx\",\"capture_id\":%lu,\"bytes\":\"", name, (unsigned long)dst, n, launches_made, (int)rc,
@@ -713,6 +715,7 @@ static int run_copies(long rounds) {
     launch_packed((int)r); launches_made++;
     one_copy("cuMemcpyHtoDAsync_v2", DEV_LO + 0x10000, 8192, (int)(4 * r + 2), 0x5d00, CUDA_SUCCESS, 0);
     one_copy("cuMemcpy_ptds", DEV_LO + 0x30000, 8, (int)(4 * r + 3), 0, CUDA_SUCCESS, 0);
+    one_copy("cuMemcpyHtoD_v2", DEV_LO + 0x60000, 4096, (int)r, 0, CUDA_SUCCESS, 0); /* its record grows the buffer */
     one_copy("cuMemcpyHtoD_v2_ptds", DEV_LO + 0x40000, 8, 99, 0, CUDA_ERROR_INVALID_VALUE, 0); /* failed: no bytes */
     /* device -> host and host -> host through the generic calls: not host-to-device, not recorded */
     cuMemcpyAsync_params d2h = {(CUdeviceptr)(uintptr_t)host_dst, DEV_LO + 0x20000, 16, (CUstream)0x5d00};
@@ -734,8 +737,8 @@ static int run_copies(long rounds) {
   }
   mc_files_finalize();
   mc_meta_write(1);
-  printf("{\"done\":{\"copies_made\":%ld,\"launches_made\":%ld,\"off\":%d,\"allocs\":%ld}}\n", copies_made,
-         launches_made, atomic_load(&mc_off), alloc_n);
+  printf("{\"done\":{\"copies_made\":%ld,\"launches_made\":%ld,\"off\":%d,\"allocs\":%ld,\"failed_in\":\"%s\"}}\n",
+         copies_made, launches_made, atomic_load(&mc_off), alloc_n, failed_in);
   return 0;
 }
 
