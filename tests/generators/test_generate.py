@@ -44,10 +44,11 @@ def test_k3_defaults():
     assert check_options(False) == (8, 8) and check_options(True, tp=4, dcp=True) == (8, 4)
 
 
-def test_generate_qwen3_into_a_plain_path(tmp_path):
+def test_generate_qwen3_into_a_plain_path(tmp_path, offline_analysis_json):
     dump = FIXTURES / "vllm" / "vllm-offline.tar.xz"
     config = ROOT / "examples" / "vllm_qwen3" / "reference" / "config.json"
-    result = generate_qwen3(dump, config, tmp_path / "q", cache=False)
+    # the session's analysis of the capture (tests/conftest.py): this test is about the output folder
+    result = generate_qwen3(dump, config, tmp_path / "q", cache=False, analysis=offline_analysis_json)
     assert result.path == tmp_path / "q" / "qwen3.json"
     assert result.path.read_bytes() == (ROOT / "manifests" / "qwen3" / "qwen3.json").read_bytes()
     assert result.abi_complete and result.notes == []

@@ -8,8 +8,6 @@ import json
 
 import pytest
 
-from mining.load import load_dump
-from paths import FIXTURES
 from replay.run import LaunchResult, WordFlow
 from replay.select import select
 from replay.sites import with_flow
@@ -17,8 +15,8 @@ from vocab.errors import UsageError
 
 
 @pytest.fixture(scope="module")
-def dump():
-    return load_dump(FIXTURES / "vllm" / "vllm-offline.tar.xz", cache=False)
+def dump(offline_dump):
+    return offline_dump   # the bundled vLLM capture, loaded once per session (tests/conftest.py)
 
 
 def test_by_seq_kernel_and_forward(dump):
@@ -44,10 +42,8 @@ def test_bad_selections_are_one_usage_error(dump, args, phrase):
         select(dump, *args, 20)
 
 
-def test_with_flow_fills_the_flow_section_of_the_analysis(dump, tmp_path):
-    from mining.analyze import analyze, document
-
-    doc = document(analyze(dump))
+def test_with_flow_fills_the_flow_section_of_the_analysis(dump, offline_document, tmp_path):
+    doc = offline_document
     path = tmp_path / "a.json"
     path.write_text(json.dumps(doc.to_json()))
     seq = doc.passes.forwards[1].seqs[0][0]
