@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from manifests import kern_oracle
 from manifests.abi import check_abi, param_size
 from manifests.nvinfo import CubinError, read_cubin
 
+from kern_verdicts import kern_violations
 from paths import FIXTURES
 
 CUBINS = FIXTURES / "cubins"
@@ -23,17 +23,6 @@ CUBINS = FIXTURES / "cubins"
 
 def _sha(name: str) -> str:
     return hashlib.sha256((CUBINS / name).read_bytes()).hexdigest()
-
-
-def kern_violations(manifest: dict, kernels_dir, tmp_path) -> list[str]:
-    """kern-llm's verdict: [] when it accepts (it then fails on the absent driver), else its lines."""
-    pytest.importorskip("kern")
-    path = tmp_path / "oracle.json"
-    path.write_text(json.dumps(manifest))
-    v = kern_oracle.verdict(path, kernels_dir)
-    if v.accepted and v.exc is not None and "cuda" not in str(v.exc).lower():
-        raise v.exc
-    return v.violations
 
 
 def _layout(cubin: str, entry: str):

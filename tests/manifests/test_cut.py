@@ -14,7 +14,7 @@ import pytest
 from manifests.cut import CutRefused, cut, cut_id, resolve_labels
 
 from paths import FIXTURES
-from test_abi import kern_violations
+from kern_verdicts import kern_violations
 
 CUBINS = FIXTURES / "cubins"
 LAYERS = 4
