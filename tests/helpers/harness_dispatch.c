@@ -27,7 +27,16 @@
  *                                        free, an unload) with the library's allocator failing
  *                                        its FAIL_AT-th allocation (0: none); the host's own work
  *                                        goes on to the end; prints (last line) {"allocs",
- *                                        "failed_in", "off", "host_launches"} */
+ *                                        "failed_in", "off", "host_launches"}
+ *   harness copies DIR json|bin ROUNDS [KNOB...]
+ *                                        host-to-device copies between launches (and two generic
+ *                                        copies that are not host-to-device), each printed with its
+ *                                        bytes and the launches made before it; then {"done": ...}.
+ *                                        KNOBs: copy_log0 copy_bytes=N writer=write fail=N (the
+ *                                        library's Nth allocation from the first copy round on fails)
+ *   harness copybench DIR json|bin N SIZE [KNOB...]
+ *                                        N async copies of SIZE bytes back to back (under callgrind,
+ *                                        --toggle-collect=mc_callback: instructions per copy) */
 
 /* ---- CUPTI: subscription, version, and every enable call, recorded ---- */
 #define MAX_CBID 4096
@@ -866,8 +875,8 @@ int main(int argc, char **argv) {
   if (strcmp(form, "filtered") == 0) {
     mc_knobs.has_include = regcomp(&mc_knobs.include_re, "^no_such_kernel$", REG_EXTENDED | REG_NOSUB) == 0;
   }
-  if (strcmp(mode, "all") == 0 || strcmp(mode, "copies") == 0)
-    for (int i = 5; i < argc; i++)
+  if (strcmp(mode, "all") == 0 || strcmp(mode, "copies") == 0 || strcmp(mode, "copybench") == 0)
+    for (int i = strcmp(mode, "copybench") == 0 ? 6 : 5; i < argc; i++)
       if (set_knob(argv[i]) != 0) { fprintf(stderr, "unknown knob %s\n", argv[i]); return 2; }
   mc_pid = getpid();
   fake_driver();
