@@ -22,21 +22,15 @@
 #include <unistd.h>
 
 #define PLAUSIBLE(v) ((v) >= 0x10000ull && (v) < 0x800000000000ull)
-#define CACHE_N 16
-
-typedef struct { uint64_t base, size, id; unsigned epoch; } cache_ent_t;
-static __thread cache_ent_t tl_cache[CACHE_N];
-static __thread unsigned tl_next;
-#define NEG_N 256
-static __thread struct { uint64_t v; unsigned epoch; } tl_neg[NEG_N];
+#define CACHE_N MC_TL_CACHE_N /* the caches are the thread block's (mc.h mc_tl_t) */
+#define NEG_N MC_TL_NEG_N
 /* Words that process_vm_readv could not read (not mapped in this process). Host mappings made
  * outside CUDA are invisible to us, so an entry holds for HOST_NEG_NS only (and until the next
  * CUDA allocation or host registration): a word is re-tried at most every HOST_NEG_NS, not at
  * every launch. Torch's launch parameters repeat the same non-pointer words (IntDivider magics,
  * uninitialised padding) in every forward, and each try is one syscall. */
-#define HOST_NEG_N 256
+#define HOST_NEG_N MC_TL_HOST_NEG_N
 #define HOST_NEG_NS 10000000ull
-static __thread struct { uint64_t v, t_ns; unsigned epoch; } tl_host_neg[HOST_NEG_N];
 
 static inline unsigned word_slot(uint64_t v, unsigned n) {
   return (unsigned)((v * 0x9E3779B97F4A7C15ull) >> 40) % n;
@@ -61,9 +55,11 @@ static int ask_driver(uint64_t v, mc_alloc_t *out) {
 
 int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   if (!PLAUSIBLE(v)) return 0;
+  mc_tl_t *t = mc_tl_cur;
+  if (!t) return ask_driver(v, out) == 1; /* no thread block: no cache */
   unsigned ep = atomic_load_explicit(&mc_free_epoch, memory_order_acquire) + 1; /* 0 = empty */
   for (int i = 0; i < CACHE_N; i++) {
-    cache_ent_t *c = &tl_cache[i];
+    __typeof__(&t->cache[0]) c = &t->cache[i];
     if (c->epoch == ep && v - c->base < c->size) {
       out->base = c->base; out->size = c->size; out->id = c->id;
       return 1;
@@ -71,15 +67,15 @@ int mc_device_alloc(uint64_t v, mc_alloc_t *out) {
   }
   unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
   unsigned slot = word_slot(v, NEG_N);
-  if (tl_neg[slot].epoch == aep && tl_neg[slot].v == v) return 0;
+  if (t->neg[slot].epoch == aep && t->neg[slot].v == v) return 0;
   mc_alloc_t a;
   int r = ask_driver(v, &a);
   if (r < 0) return 0;
   if (r == 0) {
-    tl_neg[slot].v = v; tl_neg[slot].epoch = aep;
+    t->neg[slot].v = v; t->neg[slot].epoch = aep;
     return 0;
   }
-  cache_ent_t *c = &tl_cache[tl_next++ % CACHE_N];
+  __typeof__(&t->cache[0]) c = &t->cache[t->next++ % CACHE_N];
   c->base = a.base; c->size = a.size; c->id = a.id; c->epoch = ep;
   *out = a;
   return 1;
@@ -102,16 +98,18 @@ int mc_host_read(uint64_t v, void *dst, unsigned n) {
  * is not readable; unreadable words are not re-tried for HOST_NEG_NS. */
 static int host_try(uint64_t v, unsigned char buf[4096], uint64_t *now) {
   unsigned want = mc_knobs.host_bytes < 4096 ? mc_knobs.host_bytes : 4096;
-  unsigned hs = word_slot(v, HOST_NEG_N);
+  mc_tl_t *t = mc_tl_cur;
+  if (!t) return mc_host_read(v, buf, want); /* no thread block: no cache */
+  __typeof__(&t->host_neg[0]) hn = &t->host_neg[word_slot(v, HOST_NEG_N)];
   unsigned aep = atomic_load_explicit(&mc_alloc_epoch, memory_order_acquire) + 1;
-  if (tl_host_neg[hs].v == v && tl_host_neg[hs].epoch == aep) {
+  if (hn->v == v && hn->epoch == aep) {
     if (*now == 0) *now = mc_now_ns();
-    if (*now - tl_host_neg[hs].t_ns < HOST_NEG_NS) return 0;
+    if (*now - hn->t_ns < HOST_NEG_NS) return 0;
   }
   int got = mc_host_read(v, buf, want);
   if (got <= 0) {
     if (*now == 0) *now = mc_now_ns();
-    tl_host_neg[hs].v = v; tl_host_neg[hs].t_ns = *now; tl_host_neg[hs].epoch = aep;
+    hn->v = v; hn->t_ns = *now; hn->epoch = aep;
     return 0;
   }
   return got;
@@ -320,15 +318,15 @@ void mc_alloc_ev_json(jb_t *b, const mc_alloc_ev_t *e, const mc_alloc_stamp_t *s
 /* A free's stamp, taken at entry and used at exit (the same thread, matched by CUPTI's
  * correlation id; these APIs do not nest). */
 static atomic_ullong alloc_order;
-static __thread struct { uint32_t corr; int valid; uint64_t order, seq; } tl_pend;
 
 void mc_alloc_log_entry(CUpti_CallbackId cbid, uint32_t correlation_id) {
   int entry = 0;
-  if (!mc_knobs.alloc_log || !logged(cbid, &entry) || !entry) return;
-  tl_pend.order = atomic_fetch_add(&alloc_order, 1);
-  tl_pend.seq = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
-  tl_pend.corr = correlation_id;
-  tl_pend.valid = 1;
+  mc_tl_t *t = mc_tl_cur;   /* the thread block's pend */
+  if (!mc_knobs.alloc_log || !t || !logged(cbid, &entry) || !entry) return;
+  t->pend.order = atomic_fetch_add(&alloc_order, 1);
+  t->pend.seq = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
+  t->pend.corr = correlation_id;
+  t->pend.valid = 1;
 }
 
 void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const void *params, CUcontext ctx,
@@ -336,13 +334,14 @@ void mc_alloc_log_exit(CUpti_CallbackId cbid, uint32_t correlation_id, const voi
   mc_alloc_ev_t e;
   if (!mc_knobs.alloc_log || !mc_alloc_ev_parse(cbid, params, &e)) return; /* no allocs.jsonl open */
   mc_alloc_stamp_t st = {0};
-  if (e.at_entry && tl_pend.valid && tl_pend.corr == correlation_id) {
-    st.order = tl_pend.order; st.seq_before = tl_pend.seq;
+  mc_tl_t *t = mc_tl_cur;
+  if (e.at_entry && t && t->pend.valid && t->pend.corr == correlation_id) {
+    st.order = t->pend.order; st.seq_before = t->pend.seq;
   } else {
     st.order = atomic_fetch_add(&alloc_order, 1);
     st.seq_before = (uint64_t)mc_next_seq(MC_F_LAUNCHES);
   }
-  tl_pend.valid = 0;
+  if (t) t->pend.valid = 0;
   st.result = result;
   st.id = -1;
   mc_alloc_t a;

@@ -156,13 +156,13 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   (void)ud;
   if (atomic_load_explicit(&mc_off, memory_order_relaxed)) return;
   if (dom == CUPTI_CB_DOMAIN_RESOURCE) {
-    on_resource(cbid, cbdata);
+    if (mc_tl_get()) on_resource(cbid, cbdata); /* NULL: no thread block, capture is off */
     return;
   }
   if (dom != CUPTI_CB_DOMAIN_DRIVER_API || mc_knobs.noop) return;
   const CUpti_CallbackData *d = cbdata;
-  mc_tl_t *t = &mc_tl;
-  if (t->in_cb) return;
+  mc_tl_t *t = mc_tl_get();
+  if (!t || t->in_cb) return;
   const mc_cb_t *row = mc_cb_of(cbid);
   if (!row) return;
   if (d->callbackSite != CUPTI_API_EXIT) {
@@ -202,6 +202,5 @@ int mc_enable_callbacks(CUpti_SubscriberHandle sub) {
 
 void mc_callbacks_reset_after_fork(void) {
   mc_tmap_reset_after_fork();
-  mc_graphs_reset_after_fork();
-  mc_tl.in_cb = 0;
+  mc_graphs_reset_after_fork(); /* (the thread block's in_cb: ident.c) */
 }

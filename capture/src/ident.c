@@ -1,4 +1,5 @@
-/* ident.c: when, which thread, which device: the identity every record carries.
+/* ident.c: when, which thread, which device: the identity every record carries (cached in the
+ * thread's block, mc.h mc_tl_t; writer.c makes it).
  *
  * Kept apart from init.c so the CPU harnesses compile the same code the launch path runs. */
 #include "mc.h"
@@ -9,8 +10,6 @@
 #include <time.h>
 #include <unistd.h>
 
-__thread mc_tl_t mc_tl;
-
 uint64_t mc_now_ns(void) {
   struct timespec ts;
   if (__builtin_expect(clock_gettime(CLOCK_MONOTONIC, &ts) != 0, 0)) { /* counted; the time reads 0 */
@@ -20,11 +19,25 @@ uint64_t mc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void mc_ident_reset_after_fork(void) { memset(&mc_tl, 0, sizeof mc_tl); } /* another thread, new ids */
+/* The forking thread's block is the child's copy (its key still frees it): what it says about the
+ * parent goes -- the thread id, the context seen last (contexts do not cross a fork), the launch
+ * cache (layout.c starts over), the pointer caches (the child's driver answers anew), the modules
+ * of a call in progress, a free's stamp; its JSON buffer stays, emptied. */
+void mc_ident_reset_after_fork(void) {
+  mc_tl_t *t = mc_tl_cur;
+  if (!t) return;
+  jb_t jb = t->jb;
+  void *block = t->block;
+  memset(t, 0, sizeof *t);
+  t->jb = (jb_t){.p = jb.p, .cap = jb.cap};
+  t->block = block;
+}
 
 int mc_tid(void) {
-  if (!mc_tl.tid) mc_tl.tid = (int)syscall(SYS_gettid);
-  return mc_tl.tid;
+  mc_tl_t *t = mc_tl_cur;
+  if (!t) return (int)syscall(SYS_gettid);
+  if (!t->tid) t->tid = (int)syscall(SYS_gettid);
+  return t->tid;
 }
 
 /* ---- context -> device ordinal, lock-free ---- */
@@ -34,9 +47,11 @@ static struct { _Atomic(uintptr_t) ctx; atomic_int dev; } ctxdev[NCTX];
 static int ctx_device(CUcontext ctx);
 
 int mc_ctx_device(CUcontext ctx) { /* the thread's last context first: one line, no scan */
-  if (ctx && ctx == mc_tl.dev_ctx) return mc_tl.dev;
+  mc_tl_t *t = mc_tl_cur;
+  if (!t) return ctx_device(ctx);
+  if (ctx && ctx == t->dev_ctx) return t->dev;
   int dev = ctx_device(ctx);
-  if (dev >= 0) { mc_tl.dev_ctx = ctx; mc_tl.dev = dev; }
+  if (dev >= 0) { t->dev_ctx = ctx; t->dev = dev; }
   return dev;
 }
 

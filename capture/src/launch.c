@@ -59,10 +59,8 @@ static void capture_of(mc_launch_t *L) {
 /* Filters, then one launch record (JSON or binary) for L, whose kernel is `handle` (a CUfunction
  * or CUkernel). Fills in time, thread and device, and (ask_graph) whether L's stream is being
  * captured into a graph: asked only for a launch that will be recorded. Returns the seq, or -1. */
-/* noipa: told that t is always &mc_tl, the compiler would look that TLS address up again at every
- * use of t (a __tls_get_addr call each) */
-__attribute__((noipa)) static int64_t record_launch(mc_tl_t *t, mc_launch_t *L, void *handle,
-                                                    const char *cupti_symbol, int ask_graph) {
+static int64_t record_launch(mc_tl_t *t, mc_launch_t *L, void *handle,
+                             const char *cupti_symbol, int ask_graph) {
   int64_t fn = -1;
   const mc_entry_t *e = function_of(t, handle, L->ctx, cupti_symbol, &fn);
   if (!e || !passes_limits()) return -1;

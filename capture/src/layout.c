@@ -48,9 +48,6 @@ static size_t nmods, capmods;
 static uint64_t mod_order;
 static pthread_mutex_t mod_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define TL_LOADED 16
-static __thread uint32_t tl_loaded[TL_LOADED];
-
 static void table_init(void) { table = mc_calloc(SLOTS, sizeof(slot_t)); }
 
 static uint64_t fnv1a(const char *s) {
@@ -146,7 +143,8 @@ void mc_module_loaded(CUcontext ctx, uint32_t id, const void *cubin, size_t size
     m->nent = hashes ? nent : 0; m->ent_hash = hashes;
   }
   MC_UNLOCK(&mod_lock);
-  if (mc_tl.nloaded < TL_LOADED) tl_loaded[mc_tl.nloaded++] = id;
+  mc_tl_t *t = mc_tl_cur;   /* (made by the callback that brought this load) */
+  if (t && t->nloaded < MC_TL_LOADED) t->loaded[t->nloaded++] = id;
 
   atomic_fetch_add(&mc_cnt.modules, 1);
   snprintf(rel, sizeof rel, "cubins/%s.cubin", sha);
@@ -190,10 +188,11 @@ void mc_module_unloading(CUcontext ctx, uint32_t id) {
 }
 
 void mc_module_note_hmod(CUmodule hmod) {
-  if (!hmod || mc_tl.nloaded != 1) return;
+  mc_tl_t *t = mc_tl_cur;
+  if (!hmod || !t || t->nloaded != 1) return;
   MC_LOCK(&mod_lock);
   for (size_t i = nmods; i-- > 0;)
-    if (mods[i].alive && mods[i].id == tl_loaded[0]) { mods[i].hmod = hmod; break; }
+    if (mods[i].alive && mods[i].id == t->loaded[0]) { mods[i].hmod = hmod; break; }
   MC_UNLOCK(&mod_lock);
 }
 
@@ -213,11 +212,12 @@ static long link_module(CUcontext ctx, CUmodule hmod, const char *symbol) {
   if (nc == 0) return -1;
   long pick = -1;
   if (nc == 1) pick = cand[0];
-  if (pick < 0) { /* loaded during this API call on this thread */
+  mc_tl_t *tl = mc_tl_cur;
+  if (pick < 0 && tl) { /* loaded during this API call on this thread */
     int hits = 0;
     for (int c = 0; c < nc; c++)
-      for (int t = 0; t < mc_tl.nloaded; t++)
-        if (mods[cand[c]].id == tl_loaded[t]) { hits++; pick = cand[c]; }
+      for (int t = 0; t < tl->nloaded; t++)
+        if (mods[cand[c]].id == tl->loaded[t]) { hits++; pick = cand[c]; }
     if (hits != 1) pick = -1;
   }
   if (pick < 0 && hmod) { /* not yet claimed by another CUmodule */
@@ -388,6 +388,5 @@ const mc_entry_t *mc_layout_get(void *handle, CUcontext ctx, const char *cupti_s
 }
 
 void mc_layout_reset_after_fork(void) {
-  pthread_mutex_init(&mod_lock, NULL);
-  mc_tl.nloaded = 0;
+  pthread_mutex_init(&mod_lock, NULL); /* (the thread block's loaded ids: ident.c) */
 }

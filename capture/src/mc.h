@@ -41,7 +41,7 @@
   X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)    \
   X(malloc) X(pthread_create) X(pthread_attr) X(pthread_sigmask) X(pthread_mutex_lock)         \
   X(pthread_mutex_unlock) X(pthread_once) X(pthread_atfork) X(atexit) X(clock_gettime)       \
-  X(close) X(munmap) X(rename)
+  X(close) X(munmap) X(rename) X(pthread_key_create) X(pthread_setspecific)
 
 typedef struct {
 #define MC_DECL(fn) __typeof__(&fn) fn;
@@ -158,12 +158,22 @@ int mc_tid(void);
 int mc_ctx_device(CUcontext ctx);
 void mc_ident_reset_after_fork(void);
 
-/* What the launch path keeps per thread, in one cache line (ident.c). Hazard: the initial-exec TLS
- * model would save the __tls_get_addr calls, but it puts the library's whole TLS block (~11 KB)
- * in glibc's static TLS surplus, and dlopen of the library then fails in a process that used it
- * up (seen in CPython); the default model stays. */
+/* What the library keeps per thread: one block, allocated through the choke point at the thread's
+ * first need of it (mc_tl_get) and freed by a thread-exit destructor (writer.c). Hazard: the library
+ * is dlopened (CUDA_INJECTION64_PATH), so a __thread variable of the default model is dynamic TLS,
+ * allocated by glibc at each thread's first touch, and glibc ends the whole host when that
+ * allocation fails ("cannot allocate memory for thread-local data: ABORT"); a large initial-exec
+ * block instead takes glibc's static TLS surplus and makes dlopen fail in a process that used it
+ * up (seen in CPython). So the library's only thread-local is mc_tl_cur, one 8-byte initial-exec
+ * pointer (the surplus keeps room for such), and a failed allocation is the choke point's: capture
+ * off, one line, the host runs on. The launch path's fields come first, in one cache line. */
 struct mc_entry;
-typedef struct {
+#define MC_TL_LOADED 16
+#define MC_TL_CACHE_N 16
+#define MC_TL_NEG_N 256
+#define MC_TL_HOST_NEG_N 256
+typedef struct { char *p; size_t n, cap; int bad; } jb_t; /* writer.c; bad: an allocation failed, the record is dropped */
+typedef struct mc_tl {
   int in_cb;                     /* dispatch.c: inside our callback (our driver calls not re-entered) */
   int tid;                       /* mc_tid() */
   int nloaded;                   /* layout.c: modules loaded during this thread's current API call */
@@ -171,16 +181,32 @@ typedef struct {
   CUcontext dev_ctx;
   /* launch.c: the function this thread launched last, with its compact id */
   void *handle; CUcontext ctx; const char *symkey; const struct mc_entry *e; int64_t fn;
+  /* the rest: one owner file each */
+  jb_t jb;                                         /* writer.c: jb_thread() */
+  uint32_t loaded[MC_TL_LOADED];                   /* layout.c: those modules' ids */
+  struct { uint64_t base, size, id; unsigned epoch; } cache[MC_TL_CACHE_N]; /* alloc.c: device hits */
+  unsigned next;                                   /* alloc.c: cache slot to fill next */
+  struct { uint64_t v; unsigned epoch; } neg[MC_TL_NEG_N];                   /* alloc.c: not device */
+  struct { uint64_t v, t_ns; unsigned epoch; } host_neg[MC_TL_HOST_NEG_N];   /* alloc.c: not readable */
+  struct { uint32_t corr; int valid; uint64_t order, seq; } pend;            /* alloc.c: a free's stamp */
+  void *block;                   /* what mc_malloc gave (the struct sits at its first 64-byte line) */
 } __attribute__((aligned(64))) mc_tl_t;
-extern __thread mc_tl_t mc_tl;
-/* The same answers as mc_tid() / mc_ctx_device() from a thread's mc_tl already in hand (one TLS
- * address lookup per callback instead of one per question). */
+extern __thread mc_tl_t *mc_tl_cur __attribute__((tls_model("initial-exec")));
+mc_tl_t *mc_tl_new(void);        /* writer.c: this thread's block, made now; NULL: capture is off */
+/* This thread's block, made at its first call: by mc_callback (a thread's first callback) and
+ * jb_thread (a record's buffer). Whatever only caches in it (thread id, device, pointer answers,
+ * the modules of a call, a free's stamp) reads mc_tl_cur and, NULL (a thread that never came
+ * through either, or whose block could not be made), goes without. */
+static inline mc_tl_t *mc_tl_get(void) {
+  mc_tl_t *t = mc_tl_cur;
+  return __builtin_expect(t != NULL, 1) ? t : mc_tl_new();
+}
+/* The same answers as mc_tid() / mc_ctx_device() from a thread's block already in hand. */
 static inline int mc_tl_tid(mc_tl_t *t) { return t->tid ? t->tid : mc_tid(); }
 static inline int mc_tl_dev(mc_tl_t *t, CUcontext c) { return c && c == t->dev_ctx ? t->dev : mc_ctx_device(c); }
 void mc_meta_write(int final);
 
 /* writer.c: a growable per-thread JSON buffer and the dump files. */
-typedef struct { char *p; size_t n, cap; int bad; } jb_t; /* bad: an allocation failed; the record is dropped */
 #define JB_SEQ_ROOM 40 /* bytes reserved in front of a record for `{"seq":N,` */
 jb_t *jb_thread(void);                 /* this thread's buffer, emptied, room reserved */
 int jb_need(jb_t *b, size_t more);       /* 0, or -1 (b->bad set) when memory ran out */

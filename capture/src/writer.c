@@ -134,10 +134,44 @@ char *mc_strdup(const char *s) {
   return p;
 }
 
-static __thread jb_t tl_jb;
+__thread mc_tl_t *mc_tl_cur __attribute__((tls_model("initial-exec")));
 
-jb_t *jb_thread(void) {
-  jb_t *b = &tl_jb;
+/* ---- the thread's block (mc.h mc_tl_t) ----
+ * Made through the choke point (a failure turns capture off with its one line; this thread then
+ * keeps no block and its callbacks return at once, as every thread's do once capture is off) and
+ * registered under a key whose destructor frees it when the thread exits. Hazard: glibc runs key
+ * destructors only at a thread's exit, not at exit(); the main thread's block is the process's.
+ * The library is never unloaded (the driver keeps its injection library for the process's life),
+ * so the destructor's code outlives every thread. */
+static pthread_key_t tl_key;
+static pthread_once_t tl_key_once = PTHREAD_ONCE_INIT;
+static int tl_key_ok;
+
+static void tl_free(void *p) {
+  mc_tl_t *t = p;
+  if (mc_tl_cur == t) mc_tl_cur = NULL; /* a callback after this (another key's destructor) makes a new one */
+  free(t->jb.p);
+  free(t->block);
+}
+
+static void tl_key_make(void) { tl_key_ok = MC_C(pthread_key_create, 1, pthread_key_create(&tl_key, tl_free)) == 0; }
+
+mc_tl_t *mc_tl_new(void) {
+  if (MC_C(pthread_once, 1, pthread_once(&tl_key_once, tl_key_make)) != 0 || !tl_key_ok) return NULL;
+  char *block = mc_malloc(sizeof(mc_tl_t) + 63);
+  if (!block) return NULL;
+  mc_tl_t *t = (mc_tl_t *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
+  memset(t, 0, sizeof *t);
+  t->block = block;
+  if (MC_C(pthread_setspecific, 1, pthread_setspecific(tl_key, t)) != 0) { free(block); return NULL; }
+  mc_tl_cur = t;
+  return t;
+}
+
+jb_t *jb_thread(void) { /* NULL: this thread has no block (capture is off) */
+  mc_tl_t *t = mc_tl_get();
+  if (!t) return NULL;
+  jb_t *b = &t->jb;
   if (b->cap < 4096) {
     char *p = mc_realloc(b->p, 4096);
     if (!p) return NULL;
