@@ -157,3 +157,35 @@ def test_an_allocation_failure_on_the_copy_path_turns_capture_off_and_the_host_c
         except DumpError as exc:
             assert "\n" not in str(exc)
     assert "copy" in phases, phases   # the copy path's own allocations failed too, not only the launches'
+
+
+def _as_probe_output(lines: list[dict], path: Path, break_one: bool = False) -> None:
+    """The harness's copies in the GPU probe's output format (tests/gpu_results/copies_probe.cu)."""
+    out = []
+    for x in lines:
+        if "copy" in x and x["copy"]["result"] == 0:
+            c = x["copy"]
+            out.append({"copy": {"how": c["api"], "dst": c["dst"], "size": c["size"], "hex": c["bytes"],
+                                 "launches_before": c["seq_before"], "graph": int(bool(c["capture_id"]))}})
+        elif "not_copied" in x:
+            out += [{"not_copied": {"dst": a, "size": 16}} for a in x["not_copied"]]
+        elif "done" in x:
+            out.append({"done": {"launches": x["done"]["launches_made"]}})
+    if break_one:
+        out[0]["copy"]["hex"] = "ff" + out[0]["copy"]["hex"][2:]
+    path.write_text("".join(json.dumps(o) + "\n" for o in out))
+
+
+def test_the_gpu_checker_accepts_a_faithful_log_and_names_a_wrong_byte(harness, tmp_path, capsys):
+    """tests/gpu_results/check_copies.py, the GPU script's judge, run on the harness's dump."""
+    import runpy
+    from paths import GPU_RESULTS
+    check = runpy.run_path(str(GPU_RESULTS / "check_copies.py"))["main"]
+    _, lines, pid_dir = _run(harness, tmp_path / "dump", "bin", 3)
+    _as_probe_output(lines, tmp_path / "good.jsonl")
+    assert check([str(tmp_path / "good.jsonl"), str(pid_dir), str(DEFAULT_BYTES)]) == 0
+    assert "copies check: ok" in capsys.readouterr().out
+    _as_probe_output(lines, tmp_path / "bad.jsonl", break_one=True)
+    assert check([str(tmp_path / "bad.jsonl"), str(pid_dir), str(DEFAULT_BYTES)]) == 1
+    text = capsys.readouterr().out
+    assert "PROBLEM cuMemcpyHtoD_v2: bytes differ" in text and "copies check: FAIL" in text
