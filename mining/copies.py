@@ -7,7 +7,9 @@ copied into device buffers before the launches that read them. `mine replay` fil
 metadata buffers with zeros unless it knows those bytes; `mine compile` names an input by matching
 them against the request. `read_copies` reads the log into one frame (COPY_COLUMNS), with the
 launch seq each copy precedes; `bytes_before` answers "what did the host last put in
-[base, base + size) before launch s", byte by byte, from that frame alone.
+[base, base + size) before launch s", byte by byte, from that frame alone; `fills_before` gives
+the same as (address, bytes) runs of the known bytes only, for a range as large as an allocation
+(what a replay uploads over its fill).
 
 The rule (the docs' reader rule): a copy with `result` 0 that is not part of a graph (neither a
 copy made inside a stream capture nor a memcpy node's definition: those run at replays, not when
@@ -124,6 +126,17 @@ class Filled:
         return bool(self.known.all())
 
 
+def _live(copies: pd.DataFrame, seq: int, base: int, size: int):
+    """(dst, end, mask): the copies that wrote part of [base, base + size) before launch `seq`."""
+    dst = copies["dst"].to_numpy(np.uint64)
+    end = dst + copies["size"].to_numpy(np.int64).astype(np.uint64)
+    lo, hi = np.uint64(base), np.uint64(base + size)
+    live = ((copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool)
+            & (copies["seq_before"].to_numpy(np.int64) <= seq) & (dst < hi) & (end > lo)
+            & (copies["size"].to_numpy(np.int64) > 0))
+    return dst, end, live
+
+
 def bytes_before(copies: pd.DataFrame, seq: int, base: int, size: int) -> Filled:
     """The bytes the host last copied into [base, base + size) before launch `seq` (the newest
     copy overlapping each byte; the module docstring states the rule). A pure function of the
@@ -135,12 +148,7 @@ def bytes_before(copies: pd.DataFrame, seq: int, base: int, size: int) -> Filled
     owner = np.full(size, -1, np.int64)
     if size == 0 or len(copies) == 0:
         return Filled(base, data.tobytes(), known, owner)
-    dst = copies["dst"].to_numpy(np.uint64)
-    end = dst + copies["size"].to_numpy(np.int64).astype(np.uint64)
-    lo, hi = np.uint64(base), np.uint64(base + size)
-    live = ((copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool)
-            & (copies["seq_before"].to_numpy(np.int64) <= seq) & (dst < hi) & (end > lo)
-            & (copies["size"].to_numpy(np.int64) > 0))
+    dst, end, live = _live(copies, seq, base, size)
     idx = np.flatnonzero(live)
     idx = idx[np.argsort(copies["seq"].to_numpy(np.int64)[idx], kind="stable")[::-1]]   # newest first
     unset = np.ones(size, bool)
@@ -161,3 +169,27 @@ def bytes_before(copies: pd.DataFrame, seq: int, base: int, size: int) -> Filled
         if not unset.any():
             break
     return Filled(base, data.tobytes(), known, owner)
+
+
+def fills_before(copies: pd.DataFrame, seq: int, base: int, size: int) -> list[tuple[int, bytes]]:
+    """The known bytes of [base, base + size) before launch `seq`, as (address, bytes) runs in
+    address order: what a replay uploads over its own fill of a region (bytes no recorded copy
+    gives keep the fill). Only the parts some copy wrote are looked at, so the range may be a
+    whole allocation (a region of `mine replay`, a KV pool) at no cost for its size."""
+    if size <= 0 or len(copies) == 0:
+        return []
+    dst, end, live = _live(copies, seq, base, size)
+    idx = np.flatnonzero(live)
+    spans = sorted((max(int(dst[i]), base), min(int(end[i]), base + size)) for i in idx)
+    merged: list[list[int]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out = []
+    for a, b in merged:
+        f = bytes_before(copies, seq, a, b - a)
+        k = np.flatnonzero(np.diff(np.concatenate(([0], f.known.view(np.int8), [0]))))
+        out += [(a + int(s), f.data[int(s):int(e)]) for s, e in zip(k[::2], k[1::2])]
+    return out

@@ -142,3 +142,22 @@ def test_damaged_copy_logs_pass_the_fuzz_checks(tmp_path):
         out.count += 1
         check_lines(f"copies {kind} seed {v}", work, COPIES, base, 60, data, kind, hit, None, out, full=v % 2 == 0)
     assert out.escaped == [] and out.broken == [], (out.escaped[:2], out.broken[:2])
+
+
+def test_fills_before_gives_the_known_runs_of_a_whole_allocation(tmp_path):
+    from mining.copies import fills_before
+    df = _frame(tmp_path, [
+        _rec(0, 0, BASE + 100, b"\x01" * 10),
+        _rec(1, 0, BASE + 105, b"\x02" * 10),          # overlaps: one run of 15 bytes
+        _rec(2, 0, BASE + 200, None, size=50),          # no bytes: nothing to upload there
+        _rec(3, 0, BASE + 220, b"\x03" * 4),            # newer than the byteless copy: known again
+        _rec(4, 3, BASE + 300, b"\x04" * 4),            # after the launch asked about
+        _rec(5, 0, BASE + (1 << 30) - 2, b"\x05" * 4),  # crosses the range's end
+    ])
+    runs = fills_before(df, 1, BASE, 1 << 30)           # a 1 GiB allocation: nothing of its size is made
+    assert runs == [(BASE + 100, b"\x01" * 5 + b"\x02" * 10), (BASE + 220, b"\x03" * 4),
+                    (BASE + (1 << 30) - 2, b"\x05" * 2)]
+    full = bytes_before(df, 1, BASE, 400)
+    known = [(BASE + i, full.data[i:i + 1]) for i in range(400) if full.known[i]]
+    assert [(a + k, d[k:k + 1]) for a, d in runs[:2] for k in range(len(d))] == known
+    assert fills_before(df, 0, BASE, 0) == [] and fills_before(df, 9, BASE + 300, 4) == [(BASE + 300, b"\x04" * 4)]
