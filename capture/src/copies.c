@@ -176,14 +176,7 @@ static int is_device(int mt) { return mt == CU_MEMORYTYPE_DEVICE || mt == CU_MEM
 
 /* Whether c's stream is being captured into a graph (asked only while a capture is open). */
 static void capture_of(mc_copy_t *c) {
-  if (!c->async || atomic_load_explicit(&mc_capturing, memory_order_relaxed) <= 0) return;
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  CUgraph g = NULL;
-  if (MC_CU_ANSWER(cuStreamGetCaptureInfo, c->stream, &st, &id, &g, NULL, NULL, NULL) == CUDA_SUCCESS &&
-      st == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-    c->in_graph = 1; c->cap_graph = g; c->capid = (uint64_t)id;
-  }
+  if (c->async && mc_stream_capture(c->stream, &c->cap_graph, &c->capid)) c->in_graph = 1;
 }
 
 void mc_on_copy(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d) {

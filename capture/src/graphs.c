@@ -81,6 +81,17 @@ static void capture_begin(const mc_cb_t *row, const CUpti_CallbackData *d) {
                         .capid = id});
 }
 
+int mc_stream_capture_ask(CUstream s, CUgraph *graph, uint64_t *capture_id) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph g = NULL;
+  if (MC_CU_ANSWER(cuStreamGetCaptureInfo, s, &st, &id, &g, NULL, NULL, NULL) != CUDA_SUCCESS ||
+      st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    return 0;
+  *graph = g; *capture_id = (uint64_t)id;
+  return 1;
+}
+
 static void capture_end(const mc_cb_t *row, const CUpti_CallbackData *d) {
   const cuStreamEndCapture_params *p = d->functionParams;
   CUstream s = mc_cb_stream(row, p->hStream);

@@ -46,14 +46,7 @@ static int passes_limits(void) {
 
 /* Whether L's stream is being captured into a graph (asked only while a capture is open). */
 static void capture_of(mc_launch_t *L) {
-  if (atomic_load_explicit(&mc_capturing, memory_order_relaxed) <= 0) return;
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t capid = 0;
-  CUgraph graph = NULL;
-  if (MC_CU_ANSWER(cuStreamGetCaptureInfo, L->stream, &st, &capid, &graph, NULL, NULL, NULL) == CUDA_SUCCESS &&
-      st == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-    L->in_graph = 1; L->graph = graph; L->capid = (uint64_t)capid;
-  }
+  if (mc_stream_capture(L->stream, &L->graph, &L->capid)) L->in_graph = 1;
 }
 
 /* Filters, then one launch record (JSON or binary) for L, whose kernel is `handle` (a CUfunction

@@ -378,6 +378,12 @@ void mc_on_copy(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
 /* graphs.c: stream captures in flight, graph lifecycle events */
 void mc_on_graph(const mc_cb_t *row, const CUpti_CallbackData *d);
 void mc_capture_note_launch(uint64_t capture_id, int64_t seq); /* a launch recorded inside a capture */
+/* Whether stream s is being captured into a graph now, and into which (1: *graph, *capture_id
+ * set); the driver is asked only while some capture is open (one atomic load otherwise). */
+int mc_stream_capture_ask(CUstream s, CUgraph *graph, uint64_t *capture_id);
+static inline int mc_stream_capture(CUstream s, CUgraph *graph, uint64_t *capture_id) {
+  return atomic_load_explicit(&mc_capturing, memory_order_relaxed) > 0 && mc_stream_capture_ask(s, graph, capture_id);
+}
 void mc_graph_line_kernel_node(const char *api, CUgraph graph, CUgraphExec exec, CUgraphNode node, int64_t seq);
 void mc_graphs_reset_after_fork(void);
 
