@@ -19,6 +19,17 @@ def dump(offline_dump):
     return offline_dump   # the bundled vLLM capture, loaded once per session (tests/conftest.py)
 
 
+@pytest.fixture(autouse=True)
+def analysed_once(monkeypatch, offline_dump, offline_analysis):
+    """`select` by forward analyses the dump it is given; that dump's analysis is the session's
+    (the analysis itself is tested in tests/mining), so it is not made again for every call."""
+    import mining.analyze as A
+
+    real = A.analyze
+    monkeypatch.setattr(A, "analyze", lambda d, *a, **k: offline_analysis if d is offline_dump and not (a or k)
+                        else real(d, *a, **k))
+
+
 def test_by_seq_kernel_and_forward(dump):
     seqs = dump.launches["seq"].tolist()
     assert select(dump, [seqs[3], seqs[0]], None, None, 20) == [seqs[3], seqs[0]]  # as given, in order
