@@ -2,7 +2,10 @@
 
 Tests live one folder per stage (capture, mining, manifests, generators, replay, cli, vocab); the
 modules they share (simulators, encoders, harnesses, `paths`) live in tests/helpers, which is put
-on the import path here so that every test imports them by their plain names.
+on the import path here so that every test imports them by their plain names. Also here: a cache
+folder of the run's own (MINE_CACHE_DIR), and the bundled vLLM captures loaded and analysed once
+per session (`offline_dump`, `offline_analysis`, `offline_document`, `offline_analysis_json`,
+`offline_bin_analysis`, `offline_bin_analysis_json`) for the many tests that read them.
 """
 
 from __future__ import annotations
