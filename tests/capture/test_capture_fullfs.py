@@ -28,50 +28,26 @@ from pathlib import Path
 
 import pytest
 
-from capture import build_support
-from c_harness import SRC
-from paths import FIXTURES, HELPERS, ROOT
+import process_harness
+from paths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "stress"))
 import check  # noqa: E402
 
-CUBIN = FIXTURES / "cubins" / "mine_argmax.cubin"
+CUBIN = process_harness.CUBIN
 FORMS = [("bin", "write"), ("bin", "mmap"), ("json", "write"), ("json", "mmap")]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     """A folder with the harness, the fake libcuda.so.1 it loads, and the full-disk shim."""
-    out = tmp_path_factory.mktemp("fullfs")
-    paths = build_support.find_cuda()
-    inc = [f"-I{paths.cuda_include}", f"-I{paths.cupti_include}", f"-I{SRC}"]
-    cc = ["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror"]
-    harness = HELPERS / "harness_process.c"
-    subprocess.run(cc + ["-shared", "-fPIC", "-DMC_FAKE_LIBCUDA", *inc, str(harness), "-o",
-                         str(out / "libcuda.so.1"), "-ldl"], check=True)
-    subprocess.run(cc + ["-pthread", "-rdynamic", *inc, str(harness), *(str(SRC / s) for s in build_support.SOURCES),
-                         "-o", str(out / "harness"), "-ldl", "-Wl,--no-as-needed", "-lstdc++"], check=True)
-    subprocess.run(cc + ["-shared", "-fPIC", str(HELPERS / "fullfs_shim.c"), "-o", str(out / "fullfs_shim.so"),
-                         "-ldl"], check=True)
-    return out
+    return process_harness.build(tmp_path_factory.mktemp("fullfs"))
 
 
 @pytest.fixture(scope="module")
 def dlopened(built) -> Path:
-    """The same harness as the driver loads the library: the harness and every library source built
-    as libharness.so (-fPIC, hidden visibility as capture/build_support.py builds the library), and
-    a launcher that dlopens it; the library's thread-local storage is then a dlopened library's.
-    (built/libcuda.so.1 is the fake driver both use.)"""
-    out = built
-    paths = build_support.find_cuda()
-    inc = [f"-I{paths.cuda_include}", f"-I{paths.cupti_include}", f"-I{SRC}"]
-    cc = ["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror"]
-    harness = HELPERS / "harness_process.c"
-    subprocess.run(cc + ["-shared", "-fPIC", "-fvisibility=hidden", "-pthread", "-DMC_HARNESS_SO", *inc,
-                         str(harness), *(str(SRC / s) for s in build_support.SOURCES), "-o",
-                         str(out / "libharness.so"), "-ldl", "-Wl,--no-as-needed", "-lstdc++"], check=True)
-    subprocess.run(cc + ["-DMC_HARNESS_LAUNCHER", str(harness), "-o", str(out / "launcher"), "-ldl"], check=True)
-    return out / "launcher"
+    """The harness's launcher, which dlopens it as the driver loads the library."""
+    return process_harness.build_dlopened(built)
 
 
 def _env(built: Path, dump: Path, form: str, writer: str, budget: int | None) -> dict:
@@ -199,19 +175,6 @@ def test_an_address_space_squeeze_dlopened(built, dlopened, tmp_path, form, writ
     off with the one line, and the counters are exact."""
     got = _stress(built, tmp_path, form, writer, None, threads=16, per=5000, squeeze_mb=back_mb, exe=dlopened)
     assert got["main"]["read"] == got["main"]["launches_recorded"]
-
-
-def test_the_dlopened_library_has_one_static_tls_word(dlopened):
-    """What keeps glibc from allocating thread-local storage for the library: its TLS segment is
-    one 8-byte word, marked STATIC_TLS (initial-exec), and no code asks __tls_get_addr for it."""
-    so = dlopened.parent / "libharness.so"
-    seg = [x.split() for x in subprocess.run(["readelf", "-lW", str(so)], capture_output=True, text=True,
-                                             check=True).stdout.splitlines() if x.split()[:1] == ["TLS"]]
-    assert len(seg) == 1 and int(seg[0][5], 16) == 8, seg   # MemSiz
-    dyn = subprocess.run(["readelf", "-dW", str(so)], capture_output=True, text=True, check=True).stdout
-    assert "STATIC_TLS" in dyn
-    dis = subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True, check=True).stdout
-    assert "__tls_get_addr" not in dis
 
 
 @pytest.mark.parametrize("form,writer", FORMS)

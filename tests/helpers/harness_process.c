@@ -19,19 +19,27 @@
  *       and TLS, the fork and the exit run at the edge of `ulimit -v` (stress.c's squeeze)
  *   harness CHILD LAUNCHES TRUTH_DIR [CUBIN]
  *       one thread, as one of MAIN's
+ *   harness FORK LAUNCHES TRUTH_DIR [CUBIN]
+ *       the main thread launches LAUNCHES kernels and forks without exec (the library's fork
+ *       handler): the child launches LAUNCHES more from the forking thread and LAUNCHES from a new
+ *       thread, then leaves with exit(0); the parent launches LAUNCHES more and waits for it
+ *       (roles "main" and "forked"; every launch's parameter 3 is its thread's id)
+ *   harness CHURN THREADS
+ *       THREADS threads one after another, each launching 3 kernels and leaving; prints the heap in
+ *       use (mallinfo2, one arena) after 16 of them and after all: {"warm", "after", "threads"}
  * With HARNESS_OOM_AT_EXIT=1 in the environment, every allocation of the library fails from the
  * end of the program's work on (its exit handler's meta.json write among them).
  * Built as a shared library (-DMC_HARNESS_SO, as libharness.so) and started through the launcher
- * (this file with -DMC_HARNESS_LAUNCHER), the library is dlopened as the driver loads it, so its
- * thread-local variables are dynamic TLS, allocated by glibc at each thread's first touch; under
- * the squeeze that allocation can fail, and glibc then ends the process ("cannot allocate memory for
- * thread-local data: ABORT", exit 127): the known limit of issue 14's address-space squeeze.
+ * (this file with -DMC_HARNESS_LAUNCHER), the library is dlopened as the driver loads it: a
+ * __thread variable of the default model would be dynamic TLS, allocated by glibc at each thread's
+ * first touch, and under the squeeze glibc ended the process when that failed ("cannot allocate
+ * memory for thread-local data: ABORT", exit 127); the library's one thread-local is now an
+ * initial-exec pointer to a block it allocates itself (mc.h mc_tl_t).
  * Both write TRUTH_DIR/<pid>.json (what the program did, in stress.c's form: pid, role, launches,
  * failed, modules, children, child_status, vm_peak_kb) for benchmarks/stress/check.py. */
 #if defined(MC_HARNESS_LAUNCHER)
 /* the launcher: dlopens the harness built as a shared library (-DMC_HARNESS_SO), so the library's
- * thread-local variables are dynamic TLS, allocated at each thread's first touch, as when the
- * driver dlopens the injection library */
+ * thread-local storage is a dlopened library's, as when the driver dlopens the injection library */
 #include <dlfcn.h>
 #include <stdio.h>
 int main(int argc, char **argv) {
@@ -58,11 +66,13 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 #include "mc.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,12 +234,70 @@ static void *worker(void *arg) {   /* as stress.c's: a module first, another one
   return NULL;
 }
 
+/* ---- mode FORK: the forking thread's block in the child ---- */
+static void *fork_worker(void *arg) {
+  (void)arg;
+  for (long i = 0; i < per_thread; i++) launch((int)syscall(SYS_gettid));
+  return NULL;
+}
+
+static int run_fork(void) {
+  load_module(2);
+  for (long i = 0; i < per_thread; i++) launch((int)getpid());
+  pid_t c = fork();
+  if (c < 0) return 2;
+  if (c == 0) {
+    atomic_store(&launched, 0);
+    atomic_store(&modules, 0);
+    for (long i = 0; i < per_thread; i++) launch((int)getpid());
+    pthread_t th;
+    if (pthread_create(&th, NULL, fork_worker, NULL) != 0 || pthread_join(th, NULL) != 0) exit(3);
+    write_truth("forked", NULL, NULL, 0);
+    exit(0);
+  }
+  for (long i = 0; i < per_thread; i++) launch((int)getpid());
+  long kids[1] = {c};
+  int status[1] = {-1};
+  waitpid(c, &status[0], 0);
+  write_truth("main", kids, status, 1);
+  return 0;
+}
+
+/* ---- mode CHURN: a block per thread, freed when the thread leaves ---- */
+static void *churn_worker(void *arg) {
+  for (int i = 0; i < 3; i++) launch((int)(long)arg);
+  return NULL;
+}
+
+static size_t churn(long n, long from) {
+  for (long t = from; t < from + n; t++) {
+    pthread_t th;
+    if (pthread_create(&th, NULL, churn_worker, (void *)t) != 0 || pthread_join(th, NULL) != 0) return 0;
+  }
+  return mallinfo2().uordblks;
+}
+
 #ifdef MC_HARNESS_SO
 #define main harness_main
 EXPORT int harness_main(int argc, char **argv);
 #endif
 int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "CHURN") == 0) {
+    mallopt(M_ARENA_MAX, 1);   /* every thread's allocations in the one arena mallinfo2 reads */
+    InitializeInjection();
+    long n = atol(argv[2]);
+    size_t warm = churn(16, 0), after = churn(n, 16);
+    printf("{\"warm\":%zu,\"after\":%zu,\"threads\":%ld}\n", warm, after, n);
+    return leave(warm && after ? 0 : 3);
+  }
   if (argc < 4) return 2;
+  if (strcmp(argv[1], "FORK") == 0) {
+    per_thread = atol(argv[2]);
+    snprintf(truth_dir, sizeof truth_dir, "%s", argv[3]);
+    InitializeInjection();
+    read_cubin(argc > 4 ? argv[4] : NULL);
+    return leave(run_fork());
+  }
   int child = strcmp(argv[1], "CHILD") == 0;
   const char *cubin = argc > (child ? 4 : 5) ? argv[child ? 4 : 5] : NULL;
   if (cubin && strcmp(cubin, "-") == 0) cubin = NULL;
