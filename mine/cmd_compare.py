@@ -8,15 +8,11 @@ is not (the first one is named), 2 for bad input.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from vocab.errors import UsageError
 
 
 def compare_cmd(
@@ -73,34 +69,11 @@ def reference_cmd(
       mine reference CKPT -o ref.json --lengths 1,37,300,2500 --new 64
     """
     from mine.checks import check_outputs
+    from compare import record
 
-    if engine != "vllm":
-        raise UsageError(f"--engine {engine!r}: only vllm can be recorded so far", value=engine, limit=("vllm",))
-    if mode not in ("eager", "default"):
-        raise UsageError(f"--mode {mode!r} is not eager or default", value=mode, limit=("eager", "default"))
-    try:
-        ns = [int(x) for x in lengths.split(",")]
-    except ValueError:
-        raise UsageError(f"--lengths {lengths!r} is not a comma-separated list of integers", value=lengths) from None
-    if not ns or min(ns) < 1:
-        raise UsageError(f"--lengths {lengths!r}: every prompt needs at least one token", value=lengths)
-    if max(ns) + new > max_model_len:
-        raise UsageError(f"a {max(ns)}-token prompt and {new} new tokens exceed --max-model-len {max_model_len}",
-                         value=max(ns) + new, limit=max_model_len)
     check_outputs([checkpoint, prompts], {"--out": out})
-    from compare import checkpoint as ck
-
-    ck.files(checkpoint)
-    if not ck.config(checkpoint):
-        raise UsageError(f"checkpoint {checkpoint} has no config.json")
-    args = [sys.executable, "-m", "compare.record_vllm", str(checkpoint), str(out), "--lengths", lengths,
-            "--new", str(new), "--seed", str(seed), "--mode", mode, "--top-k", str(top_k),
-            "--max-model-len", str(max_model_len)] + (["--prompts", str(prompts)] if prompts else [])
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:  # say so before the child starts
-        raise UsageError("vLLM is not importable here; record the reference on a host that serves with it")
-    rc = subprocess.call(args, env=dict(os.environ))
+    plan = record.check(checkpoint, engine=engine, mode=mode, lengths=lengths, new=new, max_model_len=max_model_len)
+    rc = record.run(plan, out, seed=seed, prompts=prompts, top_k=top_k)
     if rc != 0:
         raise typer.Exit(rc)
 

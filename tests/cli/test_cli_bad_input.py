@@ -207,9 +207,9 @@ CASES = [
     (["compare", str(QWEN3), "--weights", "{t}", "--reference", "{t}/obj.json", "--tol-ulps", "-1"], "'--tol-ulps'"),
     (["compare", "{t}/ops_list.json", "--weights", "{t}", "--reference", "{t}/obj.json"], "does not verify"),
     (["reference", "{t}/emptydir", "-o", "{t}/r.json"], "holds no *.safetensors"),
-    (["reference", "{t}", "-o", "{t}/r.json", "--lengths", "a,b"], "--lengths"),
-    (["reference", "{t}", "-o", "{t}/r.json", "--mode", "fast"], "--mode"),
-    (["reference", "{t}", "-o", "{t}/r.json", "--lengths", "4000", "--new", "200"], "exceed --max-model-len"),
+    (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--lengths", "a,b"], "--lengths"),
+    (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--mode", "fast"], "--mode"),
+    (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--lengths", "4000", "--new", "200"], "exceed --max-model-len"),
     (["reference", "{t}", "-o", "{t}/r.json"], "lies inside the input"),
 ]
 
