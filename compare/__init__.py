@@ -11,5 +11,6 @@ tokens is within bf16 noise (docs/compare.md).
 Modules: `checkpoint` (safetensors headers, fingerprints), `reference` (the recorded reference,
 its file format), `verdict` (pure judgement of one step and of a run), `host` (the manifest on
 kern with a host that writes its inputs by their declared fills; GPU), `run` (the teacher-forced
-and free-running loops), `show` (the report at a terminal), `record_vllm` (the vLLM recorder, run in its own process).
+and free-running loops), `show` (the report at a terminal), `record` (a recording's checks and its child process),
+`record_vllm` (the vLLM recorder, run in that child).
 """
