@@ -138,7 +138,7 @@ def test_without_the_allocation_log_or_with_modules_only_fewer_callbacks_are_ena
                                                                                      enabled):
     lines, _ = H.run_all(harness, tmp_path, "json", *([knob] if knob else []))
     (got,) = [x["enabled"] for x in lines if "enabled" in x]
-    want = ("ALWAYS",) if enabled == "ALWAYS" else ("ALWAYS", "LAUNCHES", "COPY_LOG")   # the copy log is on by default
+    want = ("ALWAYS",) if enabled == "ALWAYS" else ("ALWAYS", "LAUNCHES", "COPY_LOG")   # the harness turns the copy log on
     assert got == [c.name for c in T.CALLBACKS if c.enable in want]
 
 

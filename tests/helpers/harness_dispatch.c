@@ -866,7 +866,7 @@ int main(int argc, char **argv) {
   snprintf(mc_knobs.dir, sizeof mc_knobs.dir, "%s", argv[2]);
   mc_knobs.writer_write = 0;           /* the capture's default writer: mmap */
   mc_knobs.host_bytes = 64;
-  mc_knobs.copy_log = 1;               /* the library's defaults (init.c) */
+  mc_knobs.copy_log = 1;               /* on here, to drive its rows (init.c: off by default until proven on a GPU) */
   mc_knobs.copy_bytes = 4096;
   if (strcmp(form, "json") != 0) {     /* bin, noop, filtered: the binary form's knobs */
     mc_knobs.bin = 1; mc_knobs.compact = 1; mc_knobs.alloc_log = 1; mc_knobs.no_classify = 1;
