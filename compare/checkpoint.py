@@ -13,20 +13,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from generators.safetensors import CheckpointError, tensors
+from generators.safetensors import CheckpointError, checkpoint_files as files, tensors
 
 SAMPLE = 64 * 1024
-
-
-def files(folder: Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder, in name order; one sentence when there are none."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint {folder} is not a folder")
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise CheckpointError(f"checkpoint {folder} holds no *.safetensors file")
-    return found
 
 
 def fingerprint(folder: Path) -> str:

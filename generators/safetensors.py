@@ -95,3 +95,14 @@ def tensors(paths: list[Path]) -> dict[str, Tensor]:
                 raise CheckpointError(f"tensor {t.name!r} is in both {out[t.name].file.name} and {p.name}")
             out[t.name] = t
     return out
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder, in name order; one sentence when there are none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint {folder} is not a directory", value=folder)
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"checkpoint {folder} holds no *.safetensors file", value=folder)
+    return found

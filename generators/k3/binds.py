@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import prod
 from pathlib import Path
 
-from generators.safetensors import CheckpointError, read_header  # noqa: F401  (re-exported)
+from generators.safetensors import CheckpointError, checkpoint_files, read_header  # noqa: F401  (re-exported)
 
 from .memory import DTYPE_BYTES, buffer_bytes
 
@@ -20,12 +20,7 @@ ST_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8e4m3", "
 
 
 def read_checkpoint(directory: str | Path) -> dict:
-    d = Path(directory)
-    if not d.is_dir():
-        raise CheckpointError(f"{d}: not a directory")
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{d}: holds no *.safetensors file")
+    files = checkpoint_files(Path(directory))
     tensors = {}
     for f in files:
         for name, info in read_header(f).items():
