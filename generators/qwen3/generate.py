@@ -77,11 +77,11 @@ def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, 
 
     cfg = qconfig.load(config)
     doc = read_analysis(analysis) if analysis is not None else None
+    table = load_kernels(kernels)   # a bad kernels.toml is refused before the capture is read
     dump = load_dump(dump_path, pid=pid, cache=cache, cache_dir=cache_dir)
     if doc is None:
         doc = document(analyze(dump))
     mm = mined.mine(dump, cfg, doc)
-    table = load_kernels(kernels)
     own = {k: (mod, table.op_launch(mod, e), table.module_ref(mod)) for k, (mod, e) in OWN.items()}
     m = build.generate(cfg, mm, own, chunk=chunk, label=dump.source.parent.name)
     bad = verify(m)
