@@ -9,7 +9,7 @@ is not (the first one is named), 2 for bad input.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -52,8 +52,9 @@ def compare_cmd(
 def reference_cmd(
     checkpoint: Path = typer.Argument(..., help="the checkpoint folder (config.json, *.safetensors)"),
     out: Path = typer.Option(..., "--out", "-o", help="the reference JSON to write"),
-    engine: str = typer.Option("vllm", "--engine", help="the engine to record (vllm)"),
-    mode: str = typer.Option("eager", "--mode", help="eager, or default (torch.compile + CUDA graphs)"),
+    engine: Literal["vllm"] = typer.Option("vllm", "--engine", help="the engine to record"),
+    mode: Literal["eager", "default"] = typer.Option("eager", "--mode",
+                                                     help="eager, or default (torch.compile + CUDA graphs)"),
     lengths: str = typer.Option("1,37,300,2500", "--lengths", help="prompt lengths, comma-separated"),
     new: int = typer.Option(64, "--new", min=1, help="new tokens per request"),
     seed: int = typer.Option(7, "--seed", help="seed of the prompts' token ids"),
