@@ -330,3 +330,17 @@ def test_report_reads_at_80_columns_and_names_the_first_failure():
         text = con.export_text()
         assert want in " ".join(text.split())
         assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_every_reference_is_what_compare_refs_says():
+    """examples/vllm_qwen3/compare_refs.txt is how the committed references were recorded: each
+    row's reference exists, with that row's prompt lengths, seed and new-token count."""
+    rows = [r.split("|") for r in (ROOT / "examples/vllm_qwen3/compare_refs.txt").read_text().splitlines()
+            if r and not r.startswith("#")]
+    assert {r[0] for r in rows} == set(REPORT_REFS)
+    for name, _, flags in rows:
+        f = flags.split()
+        ref = reference.read(REPORT_REFS[name])
+        assert ref.made["prompts"] == {"lengths": f[f.index("--lengths") + 1], "seed": int(f[f.index("--seed") + 1])}
+        assert [len(r.prompt) for r in ref.requests] == [int(x) for x in f[f.index("--lengths") + 1].split(",")]
+        assert {len(r.output) for r in ref.requests} == {int(f[f.index("--new") + 1])}

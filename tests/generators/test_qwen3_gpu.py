@@ -24,9 +24,8 @@ import pytest
 from paths import FIXTURES, ROOT
 
 EX = ROOT / "examples/vllm_qwen3"
-SUITE_ROWS = {r.split("|")[0]: r.split("|") for r in (ROOT / "examples/truth_suite/suite.txt").read_text().splitlines()
-              if r and not r.startswith("#")}
-EAGER = [n for n, r in SUITE_ROWS.items() if "--mode default" not in r[2]]
+REFS = {r.split("|")[0]: r.split("|") for r in (EX / "compare_refs.txt").read_text().splitlines()
+        if r and not r.startswith("#")}  # name -> (name, checkpoint flags, recorder flags)
 BREAKS = ("wrong_weight", "swapped_stride", "swapped_dims")
 
 
@@ -41,7 +40,7 @@ def checkpoints(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            flags = [] if name == "q06" else shlex.split(SUITE_ROWS[name][1])
+            flags = shlex.split(REFS[name][1])
             subprocess.run([sys.executable, str(EX / "make_checkpoint.py"), str(root / name), *flags], check=True,
                            stdout=subprocess.DEVNULL)
             made[name] = root / name
@@ -97,7 +96,7 @@ def _cubins_by_hash(mdir: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["q06", *EAGER])
+@pytest.mark.parametrize("name", sorted(REFS))
 def test_manifest_is_the_model_vllm_served(name, checkpoints, tmp_path):
     _needs()
     rc, doc = _compare(_manifest(name, tmp_path), checkpoints(name), _reference(name), tmp_path / f"compare_{name}.json")
