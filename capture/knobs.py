@@ -78,7 +78,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_FORMAT", "json",
          "json: launches.jsonl; bin: launches.bin, fixed binary records (header + the raw parameter buffer; "
          "implies COMPACT=1, ALLOC_LOG=1, CLASSIFY=0; host pointees learnt per function); mining reads both, "
-         "`python -m capture.binfmt PID_DIR` turns launches.bin into launches.jsonl (docs/dump-format.md)",
+         "`python -m vocab.binfmt PID_DIR` turns launches.bin into launches.jsonl (docs/dump-format.md)",
          "choice", ("json", "bin")),
 )
 BY_ENV = {k.env: k for k in KNOBS}

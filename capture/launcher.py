@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capture import binfmt
+from vocab import binfmt
 from capture import knobs as K
 from vocab.errors import MineError
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capture import binfmt
+from vocab import binfmt
 
 CLOSED = re.compile(r"nvjet|cublas|cublasLt|sm\d+_xmma|gemmk?SN|gemv2?T?_kernel|splitKreduce|cudnn|nccl|"
                     r"ampere_|sm80_|sm90_|Kernel_.*gemm|gemm_kernel|cutlass.*cublas", re.I)

@@ -22,9 +22,9 @@ import pandas as pd
 
 import dataclasses
 
-from mining import contract as C
+from vocab import analysis as C
 from mining import fit as F
-from mining.contract import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
+from vocab.analysis import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
 from mining import pointers as P
 from mining import sites as S
 from mining.load import Dump
@@ -291,7 +291,7 @@ def _shape(d: dict) -> C.Shape:
 
 
 def document(a: Analysis) -> C.AnalysisDoc:
-    """The analysis as the typed contract (mining/contract.py; docs/analysis-json.md)."""
+    """The analysis as the typed contract (vocab/analysis.py; docs/analysis-json.md)."""
     P = a.passes
     f = a.forwards.copy()
     seqs = _forward_seqs(a)

@@ -6,7 +6,7 @@ format: per chunk of records this module builds the arrow table the JSON reader 
 (`frames.READ_SCHEMA`, compact form: `fn`, params of `{i, hex}`) and hands it to the same
 `functions.expand`, `frames.launch_part` and `frames.param_part`; offline pointer classification
 from allocs.jsonl therefore happens as for JSON. No per-record Python: the records are found and
-their headers decoded by `capture/binfmt.py` (numpy), parameter hex strings are cut out of the
+their headers decoded by `vocab/binfmt.py` (numpy), parameter hex strings are cut out of the
 blobs with one gather and a 256-entry two-character table straight into an arrow string buffer.
 Host-pointee sections and launch attributes are not read: no frame column comes from them.
 
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from capture.binfmt import API_NAMES, F_EXTRA, F_GRAPH, F_NOBYTES, HEADER, headers, scan
+from vocab.binfmt import API_NAMES, F_EXTRA, F_GRAPH, F_NOBYTES, HEADER, headers, scan
 from mining.allocs import Offline
 from mining.damage import FileReport
 from mining.errors import DumpError

@@ -6,7 +6,7 @@ copied half-way. The readers (mining/load.py and the modules it reads with) take
 read and resynchronise after damage; this report is how they say exactly what they left out, so
 a user can tell a clean dump from one that lost most of its records (docs/dump-format.md,
 "Reading damaged dumps", holds the rule). `Dump.damage` carries it, the analysis contract copies
-it (mining/contract.py `FileDamage`), `mine analyze` prints it.
+it (vocab/analysis.py `FileDamage`), `mine analyze` prints it.
 
 Ranges are byte offsets in the file as read (for a compressed file, in its decompressed bytes),
 end exclusive. Adjacent ranges with the same reason are merged; at most MAX_RANGES are listed per

@@ -50,7 +50,7 @@ def _read_schema() -> pa.Schema:
 # ------------------------------------------------------------------ documented ranges
 # What a launch record's fields may hold (docs/dump-format.md "Reading damaged dumps"): the bounds
 # the capture cannot exceed, which are also what the frames' dtypes (schema.py) hold. The binary
-# reader checks the same bounds on its headers (capture/binfmt.py `_valid`).
+# reader checks the same bounds on its headers (vocab/binfmt.py `_valid`).
 MAX_SEQ = 1 << 62
 MAX_PARAMS = 4096          # a parameter buffer is at most 32,764 bytes
 MAX_PARAM_BYTES = 32768

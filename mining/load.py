@@ -16,7 +16,7 @@ Accepted paths: a `pid<N>/` folder, a whole dump folder (the pid with the most l
 Binary launch records (`launches.bin`, MINE_CAPTURE_FORMAT=bin; `mining/binload.py`): read into
 the same frames as their compact JSON twin (always with functions.jsonl and, classify being 0,
 pointer columns from allocs.jsonl). A folder holding both launch files is read from
-launches.jsonl (e.g. after `python -m capture.binfmt` rewrote the binary file). Damaged records
+launches.jsonl (e.g. after `python -m vocab.binfmt` rewrote the binary file). Damaged records
 are skipped with one warning. The cache is keyed on launches.bin as on launches.jsonl.
 
 Damage is tolerated, not hidden (docs/dump-format.md "Reading damaged dumps"): every reader checks

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from mining.contract import SITE_SEP, site_name
+from vocab.analysis import SITE_SEP, site_name
 from mining.fit import fit
 
 GRID = ("grid_x", "grid_y", "grid_z")

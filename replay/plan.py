@@ -113,10 +113,10 @@ def _param_bytes(row) -> bytes:
 
 def read_attrs(folder: Path, seqs: set[int]) -> dict[int, dict]:
     """launch_attrs of the records `seqs` (the loaded frames leave them out): from launches.bin
-    through capture.binfmt, or from launches.jsonl lines."""
+    through vocab.binfmt, or from launches.jsonl lines."""
     out: dict[int, dict] = {}
     if (folder / "launches.bin").is_file():
-        from capture import binfmt
+        from vocab import binfmt
 
         for rec in binfmt.BinDump(folder).records():
             if rec["seq"] in seqs:

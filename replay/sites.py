@@ -1,7 +1,7 @@
 """Replay results as the analysis' `flow` section: measured directions per call site.
 
 Why here: a replay measures launch records (seqs); generators and the compiler think in call
-sites (`mining.contract.site_name`: symbol and occurrence in a forward). The analysis' forwards
+sites (`vocab.analysis.site_name`: symbol and occurrence in a forward). The analysis' forwards
 list their launch records in order, so the k-th launch of a symbol in a forward is that symbol's
 site k -- the rule `mining.sites.align` names sites by. A record that several forwards share (one
 captured into a graph and replayed) keeps the site of the first of them.
@@ -9,7 +9,7 @@ captured into a graph and replayed) keeps the site of the first of them.
 
 from __future__ import annotations
 
-from mining.contract import AnalysisDoc, FlowWord, site_name
+from vocab.analysis import AnalysisDoc, FlowWord, site_name
 
 
 def site_of(doc: AnalysisDoc, symbols: dict[int, str]) -> dict[int, str]:
@@ -54,7 +54,7 @@ def with_flow(dump, results, analysis=None) -> AnalysisDoc:
     from vocab.errors import UsageError
 
     if analysis is not None:
-        from mining.contract import read_analysis
+        from vocab.analysis import read_analysis
 
         doc = read_analysis(analysis)
         if doc.source.launches != len(dump.launches):

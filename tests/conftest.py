@@ -89,7 +89,7 @@ def offline_analysis(offline_dump):
 
 @pytest.fixture(scope="session")
 def offline_document(offline_analysis):
-    """The analysis as `mine analyze --json` writes it (mining.contract.Analysis)."""
+    """The analysis as `mine analyze --json` writes it (vocab.analysis.Analysis)."""
     from mining.analyze import document
 
     return document(offline_analysis)

@@ -1,7 +1,7 @@
 """The capture's tables: the driver calls it listens to, the launch APIs' record codes, the launch
 attributes it decodes, the drop reasons it counts and meta.json's top-level keys (one place).
 
-Why: the C library (capture/src/), the binary reader (capture/binfmt.py), the loader
+Why: the C library (capture/src/), the binary reader (vocab/binfmt.py), the loader
 (mining/load.py) and docs/dump-format.md each need these lists; kept apart they drifted (the
 toggler depended on the order of a C array, launch attributes were decoded by bare numbers in
 Python). Here each is stated once. `python -m vocab.capture_tables` writes the C header
@@ -11,7 +11,7 @@ decoding, the drop names); tests/capture/test_tables.py checks that the committe
 this module renders and that every name is a CUPTI callback id, and the C build checks every
 attribute id and every kind's parameter-struct layout against the CUDA headers (`_Static_assert`s
 in capture/src/dispatch.c and record.c), so an entry that disagrees with CUDA does not compile.
-capture/binfmt.py and mining/load.py read the Python side. Standard library only.
+vocab/binfmt.py and mining/load.py read the Python side. Standard library only.
 """
 
 from __future__ import annotations

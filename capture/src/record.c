@@ -140,7 +140,7 @@ void mc_fn_reset_after_fork(void) {
   atomic_fetch_add(&fn_gen, 1);
 }
 
-/* ---- launch attributes (tables.h MC_LAUNCH_ATTRS; capture/binfmt.py decodes the binary form's
+/* ---- launch attributes (tables.h MC_LAUNCH_ATTRS; vocab/binfmt.py decodes the binary form's
  * raw attributes by the same table) ---- */
 #define ATTR_ID_CHECK(n, id, key, shape, member) \
   _Static_assert(CU_LAUNCH_ATTRIBUTE_##n == id, "vocab/capture_tables.py: CU_LAUNCH_ATTRIBUTE_" #n " is not " #id);

@@ -1,7 +1,7 @@
 """Qwen3 manifest generator: a vLLM capture (TRITON_ATTN, eager) to a kern schema_version 7 manifest.
 
 Contract: `mined.mine(dump, cfg, analysis)` takes the forwards of the analysis contract
-(`mining.contract.AnalysisDoc`) and reads the per-layer launches of a `mining.load` dump, pins every
+(`vocab.analysis.AnalysisDoc`) and reads the per-layer launches of a `mining.load` dump, pins every
 vLLM kernel instance (symbol, cubin sha256, parameter sizes, registers, block, shared memory) and
 checks the generator's wiring against the mined addresses (`mined.WiringMismatch` names the call
 site); `build.generate(cfg, mined, own)` writes the manifest (plain JSON dict) from Jinja per-layer

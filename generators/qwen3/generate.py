@@ -72,7 +72,7 @@ def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, 
     from manifests.kernels import load_kernels
     from manifests.verify import verify
     from mining.analyze import analyze, document
-    from mining.contract import read_analysis
+    from vocab.analysis import read_analysis
     from mining.load import load_dump
 
     cfg = qconfig.load(config)

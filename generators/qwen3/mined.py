@@ -1,6 +1,6 @@
 """Read a vLLM Qwen3 capture: the forwards, every call site's kernel instance, and the wiring check.
 
-`mine(dump, cfg, analysis)` takes the forward passes of the analysis contract (`mining.contract`:
+`mine(dump, cfg, analysis)` takes the forward passes of the analysis contract (`vocab.analysis`:
 the forwards `mine analyze` reports, by the launch records each one ran), walks each one's launches that belong to the model's layers (families in
 `kernels.py`; GEMMs, ATen and sampling kernels are skipped) through the Qwen3 structure (input
 norm, per layer: norm, q/k head norms, rope, cache write, attention [+ reduce], norm, silu; final
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from generators.qwen3.kernels import ATTN3D, FADD_HIDDEN, FAMILIES, NUM_SEQS, RMS_HIDDEN, Family, tag
-from mining.contract import AnalysisDoc, site_name
+from vocab.analysis import AnalysisDoc, site_name
 from vocab.errors import MineError
 
 
@@ -51,7 +51,7 @@ class Launch:
     seqs: int = 1          # sequences in the forward (attention's num_seqs); warm-ups batch many
     layer: int = -1
     role: str = ""
-    site_id: str = ""      # the analysis' name of its call site (`mining.contract.site_name`)
+    site_id: str = ""      # the analysis' name of its call site (`vocab.analysis.site_name`)
 
     def site(self) -> str:
         where = f"layer {self.layer} {self.role}" if self.layer >= 0 else self.role

@@ -6,7 +6,7 @@ the scanner and header decoding; parameter hex from a params image and from an `
 them; launch attributes as capture/src/record.c names them; damage (a zeroed header in the middle,
 a NUL tail, a truncated last record); `load_dump` on a binary folder giving exactly the frames of
 its compact JSON twin (written from `decode_records`, which is itself checked against the truth);
-the `python -m capture.binfmt` CLI's refusals.
+the `python -m vocab.binfmt` CLI's refusals.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from binenc import image, pad8, record, write_functions, write_meta
-from capture import binfmt
+from vocab import binfmt
 from mining import load
 from mining.load import load_dump
 from paths import ROOT
@@ -351,7 +351,7 @@ def test_bin_without_functions_file_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- the CLI
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "capture.binfmt", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "vocab.binfmt", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -5,7 +5,7 @@ compiled into a C harness with fake layout entries and fake launches: kernelPara
 `extra` launches, launch attributes, graph captures, a host-pointer word (cuBLASLt's alpha/beta
 pointer mode) among device-looking words. The same launches are written once as compact JSON
 (the JSON path classifies host pointees at every launch) and once as launches.bin; decoding the
-binary file with `capture.binfmt` must give exactly the JSON records. Also: many threads under
+binary file with `vocab.binfmt` must give exactly the JSON records. Also: many threads under
 the mmap writer, and SIGKILL in the middle of them (every record the reader keeps is whole, seqs
 increase). The CUPTI dispatch needs a GPU and is covered by tests/capture/test_capture_gpu.py.
 `-s` prints bytes per record and ns per record of the JSON compact form and the binary form.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import c_harness
-from capture import binfmt
+from vocab import binfmt
 from paths import FIXTURES
 
 HARNESS = c_harness.PRELUDE + r"""

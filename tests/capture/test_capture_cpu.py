@@ -129,7 +129,7 @@ def test_torch_fixture(tmp_path):
 def test_binary_fixture_summary(tmp_path):
     """`mine capture`'s summary of a binary dump: launches from launches.bin, kernels by the
     symbols of functions.jsonl (the compact and binary forms carry no symbol per launch)."""
-    from capture import binfmt
+    from vocab import binfmt
 
     d = _extract("probe_bin.tar.xz", tmp_path)
     truth = json.loads(tarfile.open(FIX / "truth_bin.tar.xz").extractfile("probe_bin_truth.json").read())
@@ -142,7 +142,8 @@ def test_binary_fixture_summary(tmp_path):
 
 def test_pack_fixture_keeps_a_binary_dump_whole(tmp_path):
     """Re-packing the binary probe fixture keeps every record and the cubins its functions name."""
-    from capture import binfmt, pack_fixture
+    from vocab import binfmt
+    from capture import pack_fixture
 
     d = _extract("probe_bin.tar.xz", tmp_path / "in")
     res = pack_fixture.pack(d, tmp_path / "out.tar.xz", max_launches=10**6, max_cubin_bytes=10**7)
@@ -158,7 +159,8 @@ def test_pack_fixture_budget_keeps_the_most_used_kernels(tmp_path):
     """Under a cubin budget the packer keeps as many launched cubins as fit, smallest first: a
     large framework cubin must not crowd out a model's small kernel (the torch capture's two
     launched cubins, a budget one byte short of both)."""
-    from capture import binfmt, pack_fixture
+    from vocab import binfmt
+    from capture import pack_fixture
 
     d = _extract("torch_bin.tar.xz", tmp_path / "in")
     pid = next(d.glob("pid*"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import binfmt
+from vocab import binfmt
 from dispatch_harness import CUBIN, build_dispatch_harness  # noqa: F401  (benchmarks/bench_record_path.py imports it here)
 
 

@@ -7,7 +7,7 @@ keep the dumps there (they become the committed fixtures).
 
 Every test runs twice: with the default JSON records and with `--format bin` (launches.bin,
 docs/dump-format.md "Binary launch records"). In the binary form the records are decoded with
-`capture.binfmt`, joined with functions.jsonl, and their pointer words come from the offline
+`vocab.binfmt`, joined with functions.jsonl, and their pointer words come from the offline
 classification of allocs.jsonl (`mining.load_dump`), so the same assertions check the binary
 capture end to end; tensor-map links are not made in that form (checked by content instead).
 """
@@ -42,7 +42,7 @@ FORMATS = ["json", "bin"]
 
 
 def _bin_launches(d: Path) -> list[dict]:
-    from capture import binfmt
+    from vocab import binfmt
     from mining.load import load_dump
 
     fns = {f["fn"]: f for f in _jsonl(d / "functions.jsonl")}

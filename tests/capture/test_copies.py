@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import dispatch_harness as H
-from capture import binfmt
+from vocab import binfmt
 from mining.copies import bytes_before
 from mining.load import DumpError, load_dump
 

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from capture import binfmt, build_support
+from vocab import binfmt
+from capture import build_support
 from paths import ROOT
 from vocab import capture_tables as T
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dumpsim import SimConfig, simulate
-from mining.contract import ANALYSIS_SCHEMA_VERSION
+from vocab.analysis import ANALYSIS_SCHEMA_VERSION
 
 
 def run(*args):

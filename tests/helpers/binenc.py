@@ -1,6 +1,6 @@
 """A little launches.bin encoder, written from docs/dump-format.md "Binary launch records" alone.
 
-Why: the binary reader (capture/binfmt.py, mining/binload.py) must be checked against the
+Why: the binary reader (vocab/binfmt.py, mining/binload.py) must be checked against the
 contract, not against itself; this encoder shares no code with it (struct.pack of the documented
 header, attribute and host-section layouts). Used by tests/capture/test_binfmt.py and
 benchmarks/bench_load.py (--bin).

@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import c_harness
-from capture import binfmt, build_support
+from vocab import binfmt
+from capture import build_support
 from paths import FIXTURES, HELPERS
 
 HEADERS = r"""

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capture import binfmt
+from vocab import binfmt
 from mining.errors import DumpError
 
 SIDE = ("functions.jsonl", "allocs.jsonl", "modules.jsonl", "graphs.jsonl", "copies.jsonl", "meta.json")
@@ -266,7 +266,7 @@ def run_analyze(folder: Path):
 
     from mining import report
     from mining.analyze import analyze, document
-    from mining.contract import from_json
+    from vocab.analysis import from_json
     from mining.load import load_dump
 
     dump = load_dump(folder, cache=False)

@@ -1,4 +1,4 @@
-"""The analysis contract (mining/contract.py): strict round trip, one sentence per bad input, and
+"""The analysis contract (vocab/analysis.py): strict round trip, one sentence per bad input, and
 `mine gen qwen3 --analysis` taking it (or refusing an analysis of another capture)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mining.analyze import analyze, to_json
-from mining.contract import ANALYSIS_SCHEMA_VERSION, AnalysisError, from_json
+from vocab.analysis import ANALYSIS_SCHEMA_VERSION, AnalysisError, from_json
 from mining.fit import parse, render
 from mining.load import load_dump
 from paths import ROOT

@@ -15,11 +15,11 @@ import struct
 
 import pytest
 
-from capture import binfmt
+from vocab import binfmt
 from paths import FIXTURES
 from mining.analyze import analyze, document
 from mining.archive import unpack
-from mining.contract import from_json
+from vocab.analysis import from_json
 from mining.load import DumpError, load_dump
 
 OFFLINE_BIN = FIXTURES / "vllm" / "vllm-offline-bin.tar.xz"

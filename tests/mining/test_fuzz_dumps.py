@@ -83,7 +83,7 @@ def _prefix(name: str, data: bytes) -> bytes:
     if len(data) <= PREFIX_BYTES:
         return data
     if name == "launches.bin":
-        from capture import binfmt
+        from vocab import binfmt
         offs = binfmt.scan(data).offsets
         k = int(np.searchsorted(offs, PREFIX_BYTES, side="right")) - 1
         return data[:int(offs[max(k, 1)])]
@@ -108,7 +108,7 @@ def _plan(dumps: dict[str, list[Path]]):
 
 def _readers(task) -> Outcome:
     """The reader variants of one process folder (runs in a worker)."""
-    from capture import binfmt
+    from vocab import binfmt
     from mining.damage import FileReport
     from mining.functions import FUNCTIONS, read_functions
     from fuzz_dumps import run_reader
@@ -158,7 +158,7 @@ def _analyzes(task) -> Outcome:
             rng = random.Random(f"analyze/{label0}/{src.name}/{seed}")
             name = names[seed % len(names)] if seed % 3 else names[0]   # the launch file most often
             base = originals[name]
-            from capture import binfmt
+            from vocab import binfmt
             offs = binfmt.scan(base).offsets if name == "launches.bin" else None
             kind = rng.choice(kinds_for(name))
             data, _ = variant(base, kind, rng, offs)

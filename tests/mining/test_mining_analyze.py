@@ -9,7 +9,7 @@ import pytest
 from dumpsim import INPUTS, KV, LAYER_STRIDE, KV_HALF, SimConfig, simulate
 from mining.analyze import analyze, to_json
 from mining.load import load_dump
-from mining.contract import ANALYSIS_SCHEMA_VERSION
+from vocab.analysis import ANALYSIS_SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")

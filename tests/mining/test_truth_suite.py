@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from mining.analyze import analyze, to_json
-from mining.contract import from_json
+from vocab.analysis import from_json
 from mining.fit import evaluate, parse
 from mining.load import load_dump
 from paths import ROOT, FIXTURES

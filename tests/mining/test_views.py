@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mining.contract import Relations, View, ViewMember
+from vocab.analysis import Relations, View, ViewMember
 from mining.pointers import views
 
 

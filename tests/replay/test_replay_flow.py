@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mining.contract import from_json
+from vocab.analysis import from_json
 from replay.run import LaunchResult, WordFlow
 from replay.sites import flow_words, site_of
 from paths import ROOT

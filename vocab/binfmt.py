@@ -1,6 +1,6 @@
 """Binary launch records (`launches.bin`, MINE_CAPTURE_FORMAT=bin): scan, decode, rewrite as JSON.
 
-    python -m capture.binfmt PID_DIR [--out FILE]
+    python -m vocab.binfmt PID_DIR [--out FILE]
 
 Why: the binary form exists so that recording a launch costs a header store and a memcpy instead
 of JSON formatting (docs/dump-format.md, "Binary launch records", the contract this module
@@ -22,7 +22,8 @@ damaged spot, not per record. `Scan.skips` lists every byte range skipped, why, 
 it held (the seq gap; None after the last record read); `Scan.damaged` sums them (at least one
 for a damaged tail). The mmap writer's NUL tail is not a record.
 
-numpy only (no pyarrow, no mining/): the capture side must stay importable on its own.
+numpy only (no pyarrow, no stage): the capture side writes this format and mining reads it, so it
+lives in the bottom layer both import.
 """
 
 from __future__ import annotations
@@ -388,38 +389,38 @@ def decode_records(folder) -> list[dict]:
 # ------------------------------------------------------------------ CLI
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the usage first)
-        print(f"capture.binfmt: {message}", file=sys.stderr)
+        print(f"vocab.binfmt: {message}", file=sys.stderr)
         sys.exit(2)
 
 
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m capture.binfmt",
+    ap = _Parser(prog="python -m vocab.binfmt",
                  description="Rewrite a process folder's launches.bin as compact launches.jsonl.")
     ap.add_argument("pid_dir", type=Path)
     ap.add_argument("--out", type=Path, help="output file (default: PID_DIR/launches.jsonl)")
     args = ap.parse_args(argv)
     out = args.out or args.pid_dir / "launches.jsonl"
     if out.exists() or out.is_symlink():
-        print(f"capture.binfmt: {out} exists; remove it or pass another --out", file=sys.stderr)
+        print(f"vocab.binfmt: {out} exists; remove it or pass another --out", file=sys.stderr)
         return 2
     try:
         dump = BinDump(args.pid_dir)
     except (ValueError, OSError) as exc:
-        print(f"capture.binfmt: {exc}", file=sys.stderr)
+        print(f"vocab.binfmt: {exc}", file=sys.stderr)
         return 2
     try:
         with open(out, "x") as fh:
             for rec in dump.records():
                 fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
     except OSError as exc:
-        print(f"capture.binfmt: cannot write {out} ({exc.strerror or exc})", file=sys.stderr)
+        print(f"vocab.binfmt: cannot write {out} ({exc.strerror or exc})", file=sys.stderr)
         return 2
     notes = []
     if dump.damaged:
         notes.append(f"skipped {dump.damaged} damaged record(s)")
     if dump.unknown_fn:
         notes.append(f"{dump.unknown_fn} record(s) name a function {FUNCTIONS} lacks (written with no params)")
-    print(f"capture.binfmt: wrote {len(dump.offs)} record(s) to {out}"
+    print(f"vocab.binfmt: wrote {len(dump.offs)} record(s) to {out}"
           + (f"; {'; '.join(notes)}" if notes else ""), file=sys.stderr)
     return 0
 
