@@ -94,12 +94,7 @@ def judge(request: int, step: int, position: int, want: int, ids: Sequence[int],
 
 def agreement(want: Sequence[int], got: Sequence[int]) -> int:
     """How many leading tokens of a free-running run equal the reference's."""
-    n = 0
-    for a, b in zip(want, got):
-        if a != b:
-            break
-        n += 1
-    return n
+    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
 
 
 @dataclass(frozen=True)

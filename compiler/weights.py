@@ -75,6 +75,7 @@ class Index:
     tensors: dict[str, Tensor]
     rows: dict[bytes, list[tuple[str, int]]] = field(default_factory=dict)
     align: int = 1  # the gcd of every tensor's row bytes: pieces of whole rows start on it
+    key_lengths: tuple[int, ...] = ()  # the lengths of the row keys, longest first
     _maps: dict = field(default_factory=dict)
 
     def data(self, name: str) -> memoryview:
@@ -107,6 +108,7 @@ def index(files: Iterable[Path]) -> Index:
         for at in range(0, len(data), step):
             key = bytes(data[at:at + min(KEY, step)])
             ix.rows.setdefault(key, []).append((name, at))
+    ix.key_lengths = tuple(sorted({len(k) for k in ix.rows}, reverse=True))
     return ix
 
 
@@ -124,10 +126,9 @@ def _common(a: memoryview, b: memoryview) -> int:
 def bind(data: bytes | memoryview, ix: Index, min_piece: int = KEY) -> Binding:
     """Walk `data` and explain it by checkpoint tensor bytes (see the module docstring)."""
     view, pos, out, gap_at = memoryview(data).cast("B"), 0, [], None
-    keys = sorted({len(k) for k in ix.rows}, reverse=True)
     while pos < len(view):
         best, best_len, alts = None, 0, []
-        for k in keys:
+        for k in ix.key_lengths:
             for name, off in ix.rows.get(bytes(view[pos:pos + k]), ()):
                 n = _common(view[pos:], ix.data(name)[off:])
                 if n > best_len:
