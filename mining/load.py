@@ -154,6 +154,7 @@ def _is_int(v) -> bool:
 _META_TYPES = {"pid": _is_int, "ppid": _is_int, "start_ns": _is_int, "start_unix_ns": _is_int,
                "driver_version": _is_int, "cupti_version": _is_int, "end_ns": _is_int,
                "argv": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+               "env": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
                "devices": lambda v: isinstance(v, list), "options": lambda v: isinstance(v, dict),
                "counters": lambda v: isinstance(v, dict), "disabled": lambda v: isinstance(v, str),
                "toggles": lambda v: isinstance(v, list) and all(

@@ -164,6 +164,10 @@ CALLBACKS: tuple[Callback, ...] = (
     *_logged("ALLOC_LOG", "ALLOC_LOG", (
         ("cuMemCreate", Log("create", size="in:size", handle="out:handle")),
         ("cuMemAddressReserve", Log("reserve", base="out:ptr", size="in:size")),
+        # VMM memory shared between processes (a tensor-parallel peer's buffers): the handle an
+        # import returns is the one its cuMemMap names, so mining tells peer memory apart
+        ("cuMemImportFromShareableHandle", Log("vmm_import", handle="out:handle")),
+        ("cuMemExportToShareableHandle", Log("vmm_export", handle="in:handle")),
     )),
     Callback("cuTensorMapEncodeTiled", "TMAP_TILED"), Callback("cuTensorMapEncodeIm2col", "TMAP_IM2COL"),
     Callback("cuTensorMapEncodeIm2colWide", "TMAP_IM2COL_WIDE"),
@@ -227,7 +231,7 @@ ATTR_SHAPES = ("dim3", "i32", "u32", "pdl_event", "completion_event", "domain_ma
 # meta.json counters.dropped: why a launch that passed through the callback was not recorded.
 DROP_REASONS = ("filtered", "skip", "max_launches", "max_bytes", "off", "no_memory")
 # meta.json's top-level keys (the loader refuses any other: another format, not damage).
-META_KEYS = ("format_version", "pid", "ppid", "argv", "start_ns", "start_unix_ns", "driver_version",
+META_KEYS = ("format_version", "pid", "ppid", "argv", "env", "start_ns", "start_unix_ns", "driver_version",
              "cupti_version", "devices", "options", "counters", "toggles", "end_ns", "disabled")
 
 # ------------------------------------------------------------------ the C header

@@ -224,6 +224,38 @@ static void json_argv(jb_t *b) {
   jb_raw(b, argv_json, argv_json_n);
 }
 
+/* `,"env":{...}`: which rank of a multi-GPU job this process is, as its environment says
+ * (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES; only those set, the key
+ * absent when none is). Why: a tensor-parallel engine starts one worker per GPU and a miner lines
+ * the workers' dumps up by rank (docs/dump-format.md "meta.json"). Read at every write but the
+ * exit's (a launcher may export them after the library was loaded) and kept for that one: the
+ * exit path neither calls getenv while the host may be tearing its environment down nor needs
+ * memory for it. A section longer than the kept copy's room is written but not kept. */
+static const char *const env_names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                        "CUDA_VISIBLE_DEVICES"};
+static char env_json[2048];
+static size_t env_json_n;
+static void json_env(jb_t *b, int final) {
+  if (final) {
+    if (env_json_n) jb_raw(b, env_json, env_json_n);
+    return;
+  }
+  size_t start = b->n;
+  int n = 0;
+  for (size_t i = 0; i < sizeof env_names / sizeof *env_names; i++) {
+    const char *v = getenv(env_names[i]);
+    if (!v) continue;
+    if (n++) jb_lit(b, ","); else jb_lit(b, ",\"env\":{");
+    jb_str(b, env_names[i]); jb_lit(b, ":"); jb_str(b, v);
+  }
+  if (n) jb_lit(b, "}");
+  if (b->bad || b->n < start) return;
+  if (b->n - start <= sizeof env_json) {
+    memcpy(env_json, b->p + start, b->n - start);
+    env_json_n = b->n - start;
+  }
+}
+
 /* ---- meta.json on a full filesystem, or with no memory left ----
  * Why: the counters are written at exit and `disabled` when capture turns off, often just when the
  * dump's filesystem filled up (or the host's memory ran out). So meta.json always holds META_SLACK
@@ -299,6 +331,7 @@ void mc_meta_write(int final) {
   jb_lit(&b, "{\"format_version\":1,\"pid\":"); jb_u64(&b, (uint64_t)mc_pid);
   jb_lit(&b, ",\"ppid\":"); jb_u64(&b, (uint64_t)getppid());
   json_argv(&b);
+  json_env(&b, final);
   jb_lit(&b, ",\"start_ns\":"); jb_u64(&b, start_ns);
   jb_lit(&b, ",\"start_unix_ns\":"); jb_u64(&b, start_unix_ns);
   jb_lit(&b, ",\"driver_version\":"); jb_i64(&b, driver_version);

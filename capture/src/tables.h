@@ -62,6 +62,8 @@
   X(cuMemHostRegister_v2, ALLOC, LAUNCHES, -1, 0, 0, 1, 0) \
   X(cuMemCreate, ALLOC_LOG, ALLOC_LOG, -1, 0, 0, 1, 0) \
   X(cuMemAddressReserve, ALLOC_LOG, ALLOC_LOG, -1, 0, 0, 1, 0) \
+  X(cuMemImportFromShareableHandle, ALLOC_LOG, ALLOC_LOG, -1, 0, 0, 1, 0) \
+  X(cuMemExportToShareableHandle, ALLOC_LOG, ALLOC_LOG, -1, 0, 0, 1, 0) \
   X(cuTensorMapEncodeTiled, TMAP_TILED, LAUNCHES, -1, 0, 0, 0, 0) \
   X(cuTensorMapEncodeIm2col, TMAP_IM2COL, LAUNCHES, -1, 0, 0, 0, 0) \
   X(cuTensorMapEncodeIm2colWide, TMAP_IM2COL_WIDE, LAUNCHES, -1, 0, 0, 0, 0) \
@@ -132,6 +134,8 @@
   X(cuMemHostRegister_v2, cuMemHostRegister_v2, "host_register", PTR, p, IN, bytesize, NONE, _, 0) \
   X(cuMemCreate, cuMemCreate, "create", NONE, _, IN, size, OUT, handle, 0) \
   X(cuMemAddressReserve, cuMemAddressReserve, "reserve", OUT, ptr, IN, size, NONE, _, 0) \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, "vmm_import", NONE, _, NONE, _, OUT, handle, 0) \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, "vmm_export", NONE, _, NONE, _, IN, handle, 0) \
   /* end */
 
 /* X(kind, family) */
@@ -234,7 +238,7 @@
   /* end */
 
 #define MC_API_COUNT 16
-#define MC_CB_COUNT 87
+#define MC_CB_COUNT 89
 #define MC_LAUNCH_ATTR_COUNT 11
 
 #endif

@@ -13,6 +13,7 @@ without a warning. The writer's source is checked too, for keys no run happened 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -68,6 +69,12 @@ def dumps(tmp_path_factory):
         H.run_all(harness, folder, form, *knob)
         (pid_dir,) = folder.glob("pid*")
         out[name] = pid_dir
+    # a tensor-parallel worker's environment: meta.json's `env` (tests/capture/test_meta_rank.py)
+    folder = tmp_path_factory.mktemp("rank")
+    r = subprocess.run([str(harness), "all", str(folder), "json", str(H.CUBIN)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert r.returncode == 0, r.stderr
+    (out["rank"],) = folder.glob("pid*")
     # an allocation failure half-way through the oom run: capture turns off, meta.json says why
     clean = subprocess.run([str(harness), "oom", str(tmp_path_factory.mktemp("clean")), "json", "0", str(H.CUBIN)],
                            capture_output=True, text=True, timeout=60)
