@@ -22,7 +22,7 @@ from pathlib import Path
 
 LIB_NAME = "libmine_capture.so"  # the file the launcher loads through CUDA_INJECTION64_PATH
 SOURCES = ["dispatch.c", "launch.c", "graphs.c", "tmap.c", "toggle.c", "copies.c", "layout.c", "alloc.c",
-           "record.c", "writer.c", "ident.c", "init.c"]
+           "record.c", "writer.c", "ident.c", "room.c", "init.c"]
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 

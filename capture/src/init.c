@@ -48,6 +48,7 @@ static pthread_mutex_t meta_lock = PTHREAD_MUTEX_INITIALIZER;
 void mc_disable(const char *fmt, ...) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&mc_off, &expected, 1)) return;
+  mc_room_release(); /* first: what follows may allocate, and so may the host */
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(disabled_reason, sizeof disabled_reason, fmt, ap);
@@ -458,6 +459,7 @@ int InitializeInjection(void) {
   if (clock_gettime(CLOCK_REALTIME, &ts) != 0) mc_note_error(MC_FN_clock_gettime, errno, 0);
   start_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
   read_knobs();
+  mc_room_init();
   if (resolve_driver() != 0) {
     fprintf(stderr, "[mine-capture] capture off in pid %d: the CUDA driver's cuGetProcAddress_v2 was not found\n",
             mc_pid);

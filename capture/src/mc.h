@@ -192,6 +192,11 @@ typedef struct mc_tl {
   void *block;                   /* what mc_malloc gave (the struct sits at its first 64-byte line) */
 } __attribute__((aligned(64))) mc_tl_t;
 extern __thread mc_tl_t *mc_tl_cur __attribute__((tls_model("initial-exec")));
+/* room.c: the address-space guard (a reserve given back when capture turns off; the room checked
+ * before the library grows); mc_room_check: 0, or -1 with capture turned off for lack of room */
+void mc_room_init(void);
+void mc_room_release(void);
+int mc_room_check(void);
 mc_tl_t *mc_tl_new(void);        /* writer.c: this thread's block, made now; NULL: capture is off */
 /* This thread's block, made at its first call: by mc_callback (a thread's first callback) and
  * jb_thread (a record's buffer). Whatever only caches in it (thread id, device, pointer answers,

@@ -113,6 +113,7 @@ static uint64_t fsize_max;          /* RLIMIT_FSIZE at open (0: none): a write p
 void *(*mc_sys_realloc)(void *, size_t) = realloc;
 
 void *mc_realloc(void *p, size_t n) {
+  if (n >= (1u << 20) && mc_room_check() != 0) return NULL; /* room.c: never the host's last MB */
   void *q = mc_sys_realloc(p, n ? n : 1);
   if (!q) mc_note_error(MC_FN_malloc, ENOMEM, 1);
   return q;
@@ -158,6 +159,7 @@ static void tl_key_make(void) { tl_key_ok = MC_C(pthread_key_create, 1, pthread_
 
 mc_tl_t *mc_tl_new(void) {
   if (MC_C(pthread_once, 1, pthread_once(&tl_key_once, tl_key_make)) != 0 || !tl_key_ok) return NULL;
+  if (mc_room_check() != 0) return NULL;
   char *block = mc_malloc(sizeof(mc_tl_t) + 63);
   if (!block) return NULL;
   mc_tl_t *t = (mc_tl_t *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
@@ -304,7 +306,7 @@ static char *window(wfile_t *F, uint64_t k) {
   if (w) return w;
   MC_LOCK(&F->grow);
   w = atomic_load_explicit(&F->win[k], memory_order_relaxed);
-  if (!w && F->fd >= 0) {
+  if (!w && F->fd >= 0 && mc_room_check() == 0) {
     void *m = mmap(NULL, WIN_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, F->fd, (off_t)(k << WIN_SHIFT));
     if (m == MAP_FAILED) mc_note_error(MC_FN_mmap, errno, 0); /* records here go through pwrite */
     else atomic_store_explicit(&F->win[k], w = m, memory_order_release);

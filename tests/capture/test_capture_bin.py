@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    return c_harness.build(tmp_path_factory.mktemp("bin"), HARNESS, "record.c", "writer.c", "alloc.c")
+    return c_harness.build(tmp_path_factory.mktemp("bin"), HARNESS, "record.c", "writer.c", "room.c", "alloc.c")
 
 
 def _run(exe, mode, out, bin_, n, writer="write"):

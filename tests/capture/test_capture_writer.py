@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    return c_harness.build(tmp_path_factory.mktemp("writer"), HARNESS, 'writer.c')
+    return c_harness.build(tmp_path_factory.mktemp("writer"), HARNESS, 'writer.c', 'room.c')
 
 
 def _run(exe, mode, out, threads, per, writer="mmap", prefault="1", **kw):
@@ -375,7 +375,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def alloc_harness(tmp_path_factory) -> Path:
-    return c_harness.build(tmp_path_factory.mktemp("allocs"), ALLOC_HARNESS, 'alloc.c', 'writer.c')
+    return c_harness.build(tmp_path_factory.mktemp("allocs"), ALLOC_HARNESS, 'alloc.c', 'writer.c', 'room.c')
 
 
 def _run_allocs(exe, mode, out, alloc_log=1, writer="write"):

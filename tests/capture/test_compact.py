@@ -173,7 +173,7 @@ PROFILES = {"small": 0, "vllm": 1}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    return c_harness.build(tmp_path_factory.mktemp("compact"), HARNESS, 'record.c', 'writer.c')
+    return c_harness.build(tmp_path_factory.mktemp("compact"), HARNESS, 'record.c', 'writer.c', 'room.c')
 
 
 def _run(exe, mode, out, compact, prof, n, writer="write"):
