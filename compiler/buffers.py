@@ -1,0 +1,253 @@
+"""Buffers, states and inputs from the pointer words of a program's calls, and each word's direction.
+
+Every pointer word of a call is an address in a device allocation. What the address holds is
+decided per address, from evidence in this order (each decision records what it rests on in the
+provenance, `Decision.because`):
+
+1. **state** -- the analysis calls the word `kv_pool` (same address in every forward, one per
+   layer, shared by two kernels of the layer, a large region): memory that persists across
+   forwards and is written at positions (KV pages). One fixed-size state per allocation, the
+   allocation's size; calls pass it at the word's offset.
+2. **input** -- a host-staging launch (compiler.launches) touches the address: the host's data
+   arrives there before the forward; or the address's first use in the program is a measured read
+   (replay flow) that nothing earlier in the program wrote. Written later by a call: kind `inout`.
+3. **weight** -- the address is the same in every forward (analysis pointer records), no evidence
+   shows a write to it (measured `out`/`inout`, a GEMM's output), and the analysis calls it a
+   `weight` (different per layer) or a measured read / GEMM operand only touches it.
+4. **workspace** -- everything else: the forward's activations. One buffer per allocation, laid
+   out exactly as the engine laid it out (its offsets are the engine's liveness-based reuse), from
+   the lowest word to the highest word's extent.
+5. **output** -- the last range the program writes (direction `out`) that no later call reads:
+   the last buffer written, a buffer of its own.
+
+Directions: measured (`flow`, replay/flow.py) when `in`/`out`/`inout`; a GEMM's operands `in` and
+its output `out`; otherwise from the class -- weights and inputs `in`, states `inout`, and a
+workspace word `out` when no earlier call of the program wrote its bytes, `inout` after. A
+measured `unused` (data-dependent kernels such as attention, replayed on small-integer fills) is
+not trusted: the class decides, and the provenance says so.
+
+Extents: a GEMM's operands and output by m, n, k; any other word reaches to the next used address
+in its allocation (or the allocation's end): an upper bound, which is what a buffer needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.programs import Program
+from vocab.analysis import AnalysisDoc
+
+
+@dataclass
+class Use:
+    step: int
+    i: int
+    at: int
+    value: int
+    base: int
+    alloc_size: int
+    direction: str = ""
+    evidence: str = ""
+    extent: int | None = None
+    operand: str = ""        # x | w | c for a GEMM's words
+
+
+@dataclass
+class Decision:
+    kind: str            # state | input | weight | workspace | output
+    because: str
+
+
+@dataclass
+class Layout:
+    """Where one program's words point in the manifest."""
+    uses: dict = field(default_factory=dict)        # (step, i, at) -> Use
+    where: dict = field(default_factory=dict)       # (step, i, at) -> (kind "buf"|"state", name, offset)
+    decisions: dict = field(default_factory=dict)   # address -> Decision
+
+
+@dataclass
+class Decl:
+    name: str
+    kind: str            # weight | input | inout | workspace | output | state
+    size: int            # bytes
+    base: int
+    lo: int              # allocation offset of the declaration's byte 0
+    because: str
+    dtype: str = "bf16"
+
+
+def _flow(doc: AnalysisDoc) -> dict:
+    return {(w.site, w.i, w.at): w for w in doc.flow}
+
+
+def _stable(doc: AnalysisDoc) -> dict:
+    return {(p.site, p.i, p.at): p for p in doc.pointers}
+
+
+def uses(prog: Program, doc: AnalysisDoc) -> list[Use]:
+    """Every pointer word of the representative forward's calls, with measured/ABI directions."""
+    flow, out = _flow(doc), []
+    for k, st in enumerate(prog.rep.steps):
+        x = st.launch
+        if st.gemm is not None:
+            g = st.gemm
+            for op, (i, at), d, ext in (("x", g.x, "in", g.m * g.k * 2), ("w", g.w, "in", g.n * g.k * 2),
+                                        ("c", g.c, "out", g.m * g.n * 2)):
+                w = x.word(i, at)
+                out.append(Use(k, i, at, w.value, w.base, w.alloc_size, d, "cuBLASLt ABI", ext, op))
+            continue
+        for w in x.words:
+            u = Use(k, w.i, w.at, w.value, w.base, w.alloc_size)
+            f = flow.get((x.site, w.i, w.at))
+            if f is not None and f.direction in ("in", "out", "inout"):
+                u.direction, u.evidence = f.direction, "measured"
+            elif f is not None:
+                u.evidence = f"measured {f.direction}, not trusted"
+            out.append(u)
+    return out
+
+
+def _spans(all_words: list[tuple[int, int, int]]) -> dict[int, int]:
+    """address -> bytes to the next used address of its allocation (or the allocation's end)."""
+    by: dict[int, set] = {}
+    size: dict[int, int] = {}
+    for v, base, asize in all_words:
+        by.setdefault(base, set()).add(v)
+        size[base] = asize
+    out = {}
+    for base, vs in by.items():
+        u = sorted(vs)
+        for a, b in zip(u, u[1:] + [base + size[base]]):
+            out[a] = b - a
+    return out
+
+
+def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
+    """(program name -> [Use], address -> Decision) over every program (weights and states are
+    shared by address; inputs and workspaces are decided per program, then merged)."""
+    stable = _stable(doc)
+    all_uses = {p.name: uses(p, doc) for p in progs}
+    # addresses a staging launch touches before the program's first use of them (input staging;
+    # trailing host-reading launches -- sampling -- only read what the program wrote)
+    staged = {}
+    for p in progs:
+        for x in p.rep.staging:
+            for w in x.words:
+                staged[(p.name, w.value)] = min(staged.get((p.name, w.value), 1 << 62), x.pos)
+    written = {u.value for us in all_uses.values() for u in us if u.direction in ("out", "inout")}
+    gemm_words = {u.value for us in all_uses.values() for u in us if u.operand}
+    dec: dict[int, Decision] = {}
+    for p in progs:
+        sites = {k: st.launch.site for k, st in enumerate(p.rep.steps)}
+        first: dict[int, Use] = {}
+        for u in all_uses[p.name]:
+            first.setdefault(u.value, u)
+            rec = stable.get((sites[u.step], u.i, u.at))
+            role = rec.role if rec is not None else ""
+            if u.value in dec and dec[u.value].kind in ("state", "weight"):
+                continue
+            if u.operand == "w" and fixed_(rec) and u.value not in written:
+                dec[u.value] = Decision("weight", "a GEMM's weight operand (cuBLASLt ABI), one address in every "
+                                                  "forward, no write seen")
+                continue
+            if role == "kv_pool" and u.value not in gemm_words:
+                dec[u.value] = Decision("state", f"analysis role kv_pool at {sites[u.step]} param {u.i}")
+                continue
+            fixed = fixed_(rec)
+            if staged.get((p.name, u.value), 1 << 62) <= first[u.value].step:
+                dec.setdefault(u.value, Decision("input", "a host-staging launch of the forward touches it"))
+                continue
+            if fixed and u.value not in written and (role == "weight" or u.direction == "in"):
+                why = ("analysis role weight, one address in every forward, no write seen" if role == "weight"
+                       else f"one address in every forward, only read ({u.evidence})")
+                dec[u.value] = Decision("weight", why)
+    return all_uses, dec
+
+
+def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], dict[str, Decl]]:
+    """Each program's Layout and the declarations (buffers and states) they share."""
+    all_uses, dec = classify(progs, doc)
+    spans = _spans([(u.value, u.base, u.alloc_size) for us in all_uses.values() for u in us]
+                   + [(w.value, w.base, w.alloc_size) for p in progs for x in p.rep.staging for w in x.words])
+    decls: dict[str, Decl] = {}
+    named: dict[tuple, str] = {}
+    layouts = {}
+    for p in progs:
+        lay = Layout()
+        us = all_uses[p.name]
+        wrote: list[tuple[int, int]] = []         # [lo, hi) addresses written so far
+        ws: dict[int, list[Use]] = {}
+        for u in us:
+            ext = u.extent if u.extent is not None else spans[u.value]
+            d = dec.get(u.value)
+            covered = any(lo <= u.value < hi for lo, hi in wrote)
+            if d is None and not covered and u.direction == "in":
+                d = dec[u.value] = Decision("input", f"first used by a measured read that no earlier call wrote "
+                                                     f"(call {u.step})")
+            if d is None:
+                d = Decision("workspace", "written in the forward before it is read" if not covered else
+                             "inside a range an earlier call wrote")
+            if not u.direction:
+                u.direction = {"weight": "in", "input": "in", "state": "inout"}.get(
+                    d.kind, "inout" if covered else "out")
+                u.evidence = (u.evidence + "; " if u.evidence else "") + f"from the class ({d.kind})"
+            if u.direction in ("out", "inout"):
+                wrote.append((u.value, u.value + ext))
+            lay.uses[(u.step, u.i, u.at)] = u
+            lay.decisions[u.value] = d
+            if d.kind == "state":
+                name = named.setdefault(("state", u.base), f"state.{len([k for k in named if k[0] == 'state'])}")
+                decls.setdefault(name, Decl(name, "state", u.alloc_size, u.base, 0, d.because))
+                lay.where[(u.step, u.i, u.at)] = ("state", name, u.value - u.base)
+            elif d.kind in ("weight", "input"):
+                key = (d.kind, u.value)
+                name = named.setdefault(key, f"{'w' if d.kind == 'weight' else 'in'}.{len([k for k in named if k[0] == d.kind])}")
+                old = decls.get(name)
+                size = max(ext, old.size if old else 0)
+                kind = "inout" if (d.kind == "input" and (u.direction != "in" or (old and old.kind == "inout"))) else d.kind
+                decls[name] = Decl(name, kind, size, u.base, u.value - u.base, d.because)
+                lay.where[(u.step, u.i, u.at)] = ("buf", name, 0)
+            else:
+                ws.setdefault(u.base, []).append(u)
+        # the output: what the last writing call wrote, when nothing after it reads it
+        outs = []
+        read_later: set = set()
+        for u in reversed(us):
+            if u.direction == "out" and lay.decisions[u.value].kind == "workspace" and u.value not in read_later:
+                outs = [u]
+                break
+            if u.direction in ("in", "inout"):
+                read_later.add(u.value)
+        for k, (base, group) in enumerate(sorted(ws.items())):
+            lo = min(u.value for u in group)
+            hi = max(u.value + (u.extent if u.extent is not None else spans[u.value]) for u in group)
+            name = f"{p.name}.ws.{k}"
+            decls[name] = Decl(name, "workspace", _round(hi - lo), base, lo - base,
+                               "activations of the forward, at the engine's own offsets")
+            for u in group:
+                lay.where[(u.step, u.i, u.at)] = ("buf", name, u.value - lo)
+        for j, u in enumerate(outs[:1]):
+            name = f"{p.name}.out"
+            ext = u.extent if u.extent is not None else spans[u.value]
+            decls[name] = Decl(name, "output", _round(ext), u.base, u.value - u.base,
+                               f"the last range the program writes (call {u.step}) that no later call reads")
+            for v in us:
+                if v.value == u.value and v.step >= u.step:
+                    lay.where[(v.step, v.i, v.at)] = ("buf", name, 0)
+        layouts[p.name] = lay
+    return layouts, decls
+
+
+def fixed_(rec) -> bool:
+    """The analysis saw the word at one address in every forward it ran in."""
+    return rec is not None and rec.addresses == 1 and rec.ptr_forwards == rec.forwards
+
+
+def _ws(u: Use, dec: dict) -> bool:
+    d = dec.get(u.value)
+    return (d is None or d.kind == "workspace") and not u.direction
+
+
+def _round(n: int) -> int:
+    return max(16, (n + 15) // 16 * 16)

@@ -1,0 +1,147 @@
+"""`compile_dump`: a capture to a verified kern manifest, with no model-specific wiring.
+
+The library function under `mine compile` (docs/compile.md is the contract). Steps: the dump is
+read (`mining.load`), its analysis taken from `analysis` (`mine analyze --json`, or `mine replay
+--flow-out`, whose measured data flow sharpens the directions) or computed; `programs` picks the
+decode and prefill forwards and their calls; `buffers` decides what every address holds;
+`exprs` fits what varies; `emit` writes the manifest, which must pass `manifests.verify` (else
+`RejectedManifest`: a compiler bug, one sentence). Into the output folder: `manifest.json`,
+`provenance.json` (what each decision rests on) and `kernels/` (the dump's cubins by sha256; a
+module the dump holds by hash only is listed in the result's notes, and the offline ABI check
+covers the others).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from compiler import buffers, emit, programs
+from compiler.errors import CompileError
+from vocab.dumps import dumps
+from vocab.errors import RejectedManifest
+
+VERSION = "0.1"
+
+
+@dataclass
+class CompileResult:
+    manifest: dict
+    provenance: dict
+    notes: list[str] = field(default_factory=list)
+    path: Optional[Path] = None
+
+    def lines(self) -> list[str]:
+        m = self.manifest
+        calls = ", ".join(f"{len(p['calls'])} {n}" for n, p in sorted(m["programs"].items()))
+        head = (f"{self.path or 'manifest'}: {calls} calls; {len(m['buffers'])} buffers, {len(m['states'])} states, "
+                f"{len(m['modules'])} modules; verified")
+        return [head] + [f"note: {n}" for n in self.notes]
+
+
+def _dtypes(layouts: dict, decls: dict, progs) -> None:
+    """bf16 where every offset and the size are even (GEMM operands need it), else u8."""
+    odd = {n for n, d in decls.items() if d.size % 2}
+    for lay in layouts.values():
+        for kind, name, off in lay.where.values():
+            if kind == "buf" and off % 2:
+                odd.add(name)
+    for n, d in decls.items():
+        d.dtype = "u8" if n in odd else "bf16"
+
+
+def compile_capture(dump, doc, label: str = "") -> CompileResult:
+    """The manifest and provenance of a loaded dump and its AnalysisDoc."""
+    from manifests.verify import verify
+
+    progs, notes = programs.programs(dump, doc)
+    if not progs:
+        raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
+    layouts, decls = buffers.layout(progs, doc)
+    _dtypes(layouts, decls, progs)
+    model = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
+    m, em = emit.manifest(progs, layouts, decls, doc, model)
+    bad = verify(m)
+    if bad:
+        raise RejectedManifest(f"the compiled manifest fails verification ({len(bad)} violations, first: {bad[0]})")
+    if not doc.flow:
+        notes.append("the analysis has no measured data flow (`mine replay --flow-out`): every kernel word's "
+                     "direction is inferred from its class and the order of the calls")
+    if getattr(dump, "copies", None) is None or len(dump.copies) == 0:
+        notes.append("the capture has no copy log (MINE_CAPTURE_COPY_LOG=1): inputs are named by address, "
+                     "without kern `fill` kinds")
+    prov = provenance(progs, layouts, decls, doc, notes + em.notes)
+    return CompileResult(m, prov, notes + em.notes)
+
+
+def provenance(progs, layouts, decls, doc, notes) -> dict:
+    """What each decision rests on: per declaration, per program's forwards and per call word."""
+    out = {"notes": notes, "declarations": {}, "programs": {}}
+    for d in decls.values():
+        out["declarations"][d.name] = {"kind": d.kind, "bytes": d.size, "alloc_base": hex(d.base),
+                                       "alloc_offset": d.lo, "because": d.because}
+    for p in progs:
+        lay = layouts[p.name]
+        calls = []
+        for k, st in enumerate(p.rep.steps):
+            words = [{"param": i, "at": at, "direction": u.direction, "evidence": u.evidence,
+                      "to": list(lay.where[(k, i, at)])} for (kk, i, at), u in sorted(lay.uses.items()) if kk == k]
+            calls.append({"call": k, "site": st.launch.site, "seq": st.launch.seq,
+                          "gemm": None if st.gemm is None else {"m": st.gemm.m, "n": st.gemm.n, "k": st.gemm.k,
+                                                                 "split_k": st.gemm.split_k},
+                          "words": words})
+        out["programs"][p.name] = {"forwards": [[s.forward, s.tokens] for s in p.samples],
+                                   "laid_out_from": p.rep.forward,
+                                   "left_out": {str(f): why for f, why in sorted(p.left_out.items())},
+                                   "staging": [[x.seq, x.symbol] for x in p.rep.staging], "calls": calls}
+    return out
+
+
+def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
+                 cache: bool = True, cache_dir: Optional[Path] = None) -> CompileResult:
+    """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
+    provenance.json and kernels/ there."""
+    from mining.analyze import analyze, document
+    from mining.load import load_dump
+    from vocab.analysis import read_analysis
+
+    doc = read_analysis(analysis) if analysis is not None else None
+    dump = load_dump(dump_path, pid=pid, cache=cache, cache_dir=cache_dir)
+    if doc is None:
+        doc = document(analyze(dump))
+    elif doc.source.launches != len(dump.launches):
+        raise CompileError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
+                           f"{dump_path} holds {len(dump.launches)})")
+    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name)
+    if out is not None:
+        write(res, out, dump)
+    return res
+
+
+def write(res: CompileResult, out, dump) -> None:
+    from generators.folder import folder as as_folder
+    from manifests.abi import check_abi
+
+    folder = as_folder(out)
+    path = folder.path("manifest.json")
+    path.write_text(dumps(res.manifest))
+    folder.path("provenance.json").write_text(json.dumps(res.provenance, indent=1, sort_keys=True) + "\n")
+    cubins = Path(str(dump.source.parent)) / "cubins"
+    absent = []
+    for name, ref in sorted(res.manifest["modules"].items()):
+        src = cubins / ref["source"]
+        if src.is_file():
+            shutil.copyfile(src, folder.path(f"kernels/{ref['source']}"))
+        else:
+            absent.append(name)
+    folder.finish()
+    res.path = path
+    if absent:
+        res.notes.append(f"{len(absent)} of {len(res.manifest['modules'])} modules have no cubin in the dump "
+                         f"(held by hash only): kern needs them in kernels/ to run the manifest")
+    problems = [d for d in check_abi(res.manifest, folder.root / "kernels") if d.rule != "abi.module-file"]
+    if problems:
+        raise RejectedManifest(f"the ABI check fails: {problems[0]} ({len(problems)} finding(s))")

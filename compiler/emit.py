@@ -1,0 +1,199 @@
+"""The manifest: ops, modules, buffers, states and programs from the layout and the fits.
+
+One op per distinct launch (entry, module, block, grid, shared memory, parameter types and
+folded constants): calls of the same kernel with the same constants share it. A launch's
+parameters, in its ABI order:
+
+- a pointer -> an interface pointer param (`<dir> buffer<dtype>` or `<dir> state`), the call
+  passing the buffer or state at the word's offset;
+- a 1/4/8-byte integer -> a literal folded into the launch (`u8`/`i32`/`i64`) when constant, an
+  interface `i32`/`i64` the call passes as an expression in `rows` when it follows the tokens;
+- anything else (a by-value struct) -> `bytes<N>` with a `pack`: its pointer words as fields of
+  interface pointer params, each non-zero 4-byte lane as an `i32` literal or `expr` field.
+
+A GEMM is a call of the one op `gemm` (`extern:cublaslt_bf16_tn`, args x, W, C, m, n, k).
+Modules are pinned by the dump's sha256 (`source` `<sha256>.cubin`). Decode runs `graph: true`
+(every value of its calls is a constant: one token); prefill runs with `rows` up to the largest
+prefill forward the program was built from.
+"""
+
+from __future__ import annotations
+
+import json
+
+from compiler.buffers import Decl, Layout
+from compiler.errors import CompileError
+from compiler.exprs import ROWS, Fitter, lanes
+from compiler.externs import GEMM_ENTRY
+from compiler.programs import Program
+from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION, pointer_type
+
+SCALAR = {1: "u8", 4: "i32", 8: "i64"}
+
+
+def _signed(v: int, bits: int) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+
+def _arg(e, typ: str = "i32") -> dict:
+    if isinstance(e, int):
+        return {typ: e}
+    return {"var": ROWS} if e == ROWS else {"expr": e}
+
+
+class Emitter:
+    def __init__(self, decls: dict[str, Decl], doc, label: str):
+        self.decls, self.doc = decls, doc
+        self.ops: dict[str, dict] = {}
+        self.op_keys: dict[str, str] = {}
+        self.modules: dict[str, dict] = {}
+        self.notes: list[str] = []
+        self.label = label
+        self.calls_info: dict[str, list] = {}
+
+    def _where(self, lay: Layout, k: int, i: int, at: int) -> tuple[dict, str]:
+        u = lay.uses[(k, i, at)]
+        kind, name, off = lay.where[(k, i, at)]
+        if kind == "state":
+            return ({"state": name, **({"offset": off} if off else {})}, pointer_type(u.direction, "state"))
+        d = self.decls[name]
+        return ({"buf": name, **({"offset": off} if off else {})}, pointer_type(u.direction, d.dtype))
+
+    def _op(self, params: list[str], launch: dict, hint: str) -> str:
+        key = json.dumps([params, launch], sort_keys=True)
+        if key not in self.op_keys:
+            name = f"k{len(self.op_keys)}.{hint[:40]}"
+            self.op_keys[key] = name
+            self.ops[name] = {"params": params, "impl": {"launches": [launch]}}
+        return self.op_keys[key]
+
+    def gemm(self, prog: Program, fit: Fitter, lay: Layout, k: int) -> dict:
+        st = prog.rep.steps[k]
+        g = st.gemm
+        args = []
+        for (i, at) in (g.x, g.w, g.c):
+            a, _ = self._where(lay, k, i, at)
+            if "buf" not in a or self.decls[a["buf"]].dtype != "bf16":
+                raise CompileError(f"{prog.name} call {k} (call site {st.launch.site}): a GEMM operand lands in "
+                                   f"{a}, not a bf16 buffer")
+            args.append(a)
+        for what in ("m", "n", "k"):
+            vals = [getattr(s.steps[k].gemm, what) for s in prog.samples]
+            e = fit.value(k, f"gemm.{what}", vals, st.launch.site)
+            if what != "m" and not isinstance(e, int):
+                raise CompileError(f"{prog.name} call {k} (call site {st.launch.site}): the GEMM's {what} follows "
+                                   f"the token count; only m (the rows) may")
+            args.append(_arg(e))
+        if "gemm" not in self.ops:
+            self.ops["gemm"] = {"params": list(EXTERN_PARAMS[GEMM_ENTRY]), "impl": {"launches": [{"entry": GEMM_ENTRY}]}}
+        return {"label": f"{k}.gemm", "op": "gemm", "args": args}
+
+    def kernel(self, prog: Program, fit: Fitter, lay: Layout, k: int) -> dict:
+        st = prog.rep.steps[k]
+        x = st.launch
+        where = f"{prog.name} call {k} (call site {x.site}, launch seq {x.seq})"
+        if not x.sha256:
+            raise CompileError(f"{where}: the capture did not resolve the launch's module, so no sha256 pins it")
+        for s in prog.samples:
+            if s.steps[k].launch.block != x.block:
+                raise CompileError(f"{where}: its block shape differs between forwards; kern's launch has one")
+        iface, iargs, lparams, largs = [], [], [], []
+
+        def pointer(i: int, at: int) -> int:
+            a, t = self._where(lay, k, i, at)
+            iface.append(t)
+            iargs.append(a)
+            return len(iface) - 1
+
+        def scalar(i: int, size: int, field: str, values: list[int]):
+            # a one-byte param may be an empty C++ struct, whose byte is indeterminate: a lane
+            e = fit.value(k, field, values, x.site, lane=size == 1)
+            typ = SCALAR[size]
+            if isinstance(e, int):
+                return {typ: e if typ == "u8" else _signed(e, size * 8)}
+            if typ == "u8":
+                raise CompileError(f"{where}: the one-byte param #{i} follows the token count; kern passes u8 literals only")
+            iface.append(typ)
+            iargs.append(_arg(e, typ))
+            return {"param": len(iface) - 1}
+
+        for p in x.params:
+            vals = [s.steps[k].launch.params[p.i].value for s in prog.samples]
+            if p.pointer:
+                lparams.append(None)
+                largs.append({"param": pointer(p.i, 0)})
+            elif p.size in SCALAR and not [w for w in x.words if w.i == p.i]:
+                lparams.append(SCALAR[p.size])
+                largs.append(scalar(p.i, p.size, f"param{p.i}", vals))
+            else:
+                lparams.append(f"bytes<{p.size}>")
+                largs.append({"pack": self._pack(prog, fit, k, p, pointer, where)})
+        for n, t in enumerate(lparams):
+            if t is None:
+                lparams[n] = iface[largs[n]["param"]]
+        grid = [fit.value(k, f"grid_{a}", [s.steps[k].launch.grid[j] for s in prog.samples], x.site)
+                for j, a in enumerate("xyz")]
+        smem = fit.value(k, "smem", [s.steps[k].launch.smem for s in prog.samples], x.site)
+        mod = f"m.{x.sha256[:16]}"
+        self.modules[mod] = {"source": f"{x.sha256}.cubin", "sha256": x.sha256}
+        launch = {"module": mod, "entry": x.symbol, "block": list(x.block), "grid": grid,
+                  "params": lparams, "args": largs}
+        if smem:
+            launch["shared_mem"] = smem
+        op = self._op(iface, launch, x.symbol.lstrip("_"))
+        return {"label": f"{k}.{x.site[:60]}", "op": op, "args": iargs}
+
+    def _pack(self, prog, fit, k, p, pointer, where) -> dict:
+        if p.raw is None or len(p.raw) < p.size:
+            raise CompileError(f"{where}: the dump kept only {0 if p.raw is None else len(p.raw)} of the "
+                               f"{p.size} bytes of by-value param #{p.i}")
+        x = prog.rep.steps[k].launch
+        words = [w for w in x.words if w.i == p.i]
+        fields = [{"at": w.at, "param": pointer(p.i, w.at)} for w in words]
+        for at in lanes(p.raw, {w.at for w in words}):
+            vals = []
+            for s in prog.samples:
+                raw = s.steps[k].launch.params[p.i].raw or b""
+                vals.append(int.from_bytes(raw[at:at + 4].ljust(4, b"\0"), "little"))
+            e = fit.value(k, f"param{p.i}+{at}", vals, x.site, lane=True)
+            if isinstance(e, int):
+                if e:
+                    fields.append({"at": at, "i32": _signed(e, 32)})
+            else:
+                fields.append({"at": at, "width": 4, "expr": e})
+        for at in range(len(p.raw) - len(p.raw) % 4, p.size):
+            if p.raw[at]:
+                fields.append({"at": at, "u8": p.raw[at]})
+        return {"size": p.size, "fields": fields}
+
+
+def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, label: str) -> tuple[dict, Emitter]:
+    em = Emitter(decls, doc, label)
+    programs, fitnotes = {}, []
+    for prog in progs:
+        fit, lay, calls = Fitter(prog, doc), layouts[prog.name], []
+        for k, st in enumerate(prog.rep.steps):
+            calls.append(em.gemm(prog, fit, lay, k) if st.gemm is not None else em.kernel(prog, fit, lay, k))
+        rows = 1 if prog.name == "decode" else ROWS
+        programs[prog.name] = {"batch": {"groups": 1, "rows": rows}, "calls": calls,
+                               **({"graph": True} if prog.name == "decode" else {})}
+        fitnotes += fit.notes
+    em.notes += fitnotes
+    vars_ = {}
+    pre = next((p for p in progs if p.name == "prefill"), None)
+    if pre is not None:
+        vars_[ROWS] = {"max": pre.rep.tokens, "axis": "rows"}
+    buffers, states = {}, {}
+    for d in decls.values():
+        if d.kind == "state":
+            states[d.name] = {"bytes": d.size}
+            continue
+        el = 2 if d.dtype == "bf16" else 1
+        b = {"dtype": d.dtype, "shape": [d.size // el], "kind": d.kind}
+        if d.kind == "weight":
+            b["bind"] = [{"tensor": f"capture.{d.name}"}]
+        buffers[d.name] = b
+    m = {"schema_version": SCHEMA_VERSION, "model": label, "vars": vars_, "states": states,
+         "buffers": buffers, "modules": em.modules, "ops": em.ops, "programs": programs}
+    return m, em

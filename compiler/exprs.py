@@ -1,0 +1,98 @@
+"""Expressions for every grid axis and integer the program's launches take, fitted over its forwards.
+
+A program's samples (compiler.programs: forwards of one call sequence) give, per call and field,
+one value per forward and the forward's token count. A field the same in every sample is a
+constant; one that differs is fitted by `mining.fit.fit` (the manifest's closed set) in the
+token count, which is the program's `rows` var. Where several forms fit the samples, the analysis'
+fit of the same call site over all of the capture's forwards decides when it is one of them
+(`vocab.analysis` fits); otherwise, and where nothing fits, the compiler refuses with one sentence
+naming the call site and the field -- the capture does not pin the function.
+
+Fields: `grid_x|y|z`, the dynamic shared memory, and the integers a launch passes by value: a
+whole scalar parameter (1, 4 or 8 bytes), or a 4-byte lane of a by-value struct (lanes that hold
+pointer words are the buffers', not fitted). A decode program has one token in every sample, so
+a field that still varies there depends on something else (the context) and is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.errors import CompileError
+from compiler.programs import Program
+from mining import fit as F
+from vocab import expr as V
+from vocab.analysis import AnalysisDoc
+
+ROWS = "rows"
+
+
+def _wire(e) -> object:
+    return V.to_wire(_rename(F._tree(e)))
+
+
+def _rename(t):
+    if isinstance(t, str):
+        return ROWS
+    if isinstance(t, V.Expr):
+        return V.Expr(t.op, _rename(t.a), t.b if t.op != "add" else _rename(t.b))
+    return t
+
+
+class Fitter:
+    """Per (call, field) constant or expression over one program's samples."""
+
+    def __init__(self, prog: Program, doc: AnalysisDoc):
+        self.prog = prog
+        self.tokens = np.array([s.tokens for s in prog.samples], np.int64)
+        self.analysis = {(f.site, f.field): f for f in doc.fits}
+        self.notes: list[str] = []
+
+    def value(self, step: int, field: str, values: list[int], site: str, lane: bool = False):
+        """An int (constant) or a wire expression in `rows`. A value that varies where the tokens do
+        not is refused when the analysis fits it with the context (`ctx`), else taken from the
+        representative forward and noted (by-value structs carry indeterminate padding bytes)."""
+        v = np.asarray(values, np.int64)
+        if (v == v[0]).all():
+            return int(v[0])
+        where = f"{self.prog.name} call {step} (call site {site}), {field}"
+        same = [v[self.tokens == t] for t in np.unique(self.tokens)]
+        a = self.analysis.get((site, field))
+        ctx = a is not None and a.status == "fit" and "ctx" in (a.expr or "")
+        if (lane or not ctx) and any(len(np.unique(s)) > 1 for s in same):
+            rep = int(v[self.prog.samples.index(self.prog.rep)])
+            self.notes.append(f"{where}: differs between forwards of one token count ({len(np.unique(v))} values) "
+                              f"and no analysis fit ties it to the context (padding bytes?); forward "
+                              f"{self.prog.rep.forward}'s {rep} is taken")
+            return rep
+        if self.prog.name == "decode" or len(np.unique(self.tokens)) < 2:
+            raise CompileError(f"{where}: takes {sorted(set(v.tolist()))[:4]} in forwards of the same token count, "
+                               f"so it follows something the capture does not name as a var (the context?)")
+        f = F.fit({"tokens": self.tokens}, v, piecewise=False)
+        if f.status == "fit":
+            return _wire(f.expr)
+        if f.status == "underdetermined":
+            a = self.analysis.get((site, field))
+            if a is not None and a.status in ("fit", "piecewise") and a.expr:
+                text = a.expr if a.status == "fit" else a.expr.split("tokens>1: ", 1)[-1].rstrip(")")
+                if text in f.alternatives:
+                    self.notes.append(f"{where}: {text}, the analysis' fit over every forward of the site, among "
+                                      f"{len(f.alternatives)} forms the program's {len(v)} forwards allow")
+                    return _wire(F.parse(text))
+            raise CompileError(f"{where}: the program's forwards at {sorted(set(self.tokens.tolist()))} tokens allow "
+                               f"{' or '.join(f.alternatives)}; the capture does not pin which")
+        if lane:
+            rep = int(v[self.prog.samples.index(self.prog.rep)])
+            self.notes.append(f"{where}: a by-value lane that follows no expression of the token count (padding "
+                              f"bytes?); forward {self.prog.rep.forward}'s {rep} is taken")
+            return rep
+        raise CompileError(f"{where}: values {sorted(set(v.tolist()))[:6]} at tokens "
+                           f"{sorted(set(self.tokens.tolist()))} are no expression of the manifest's closed set")
+
+
+def lanes(raw: bytes | None, skip: set[int]) -> list[int]:
+    """4-byte lane offsets of a struct's bytes, less those inside pointer words (`skip`: their offsets)."""
+    if raw is None:
+        return []
+    taken = {a + d for a in skip for d in range(8)}
+    return [a for a in range(0, len(raw) - len(raw) % 4, 4) if a not in taken]

@@ -1,0 +1,150 @@
+"""Programs from forwards: which launches of which forwards become a manifest program's calls.
+
+The analysis (vocab.analysis) lists the forwards with their token count and their launch records
+in execution order (a graph replay's kernels name the records captured into the graph). A forward
+of one token is a decode step, of more a prefill; a program per kind (`decode`, `prefill`) is
+built from the forwards of that kind whose *call sequence* is the one most serving forwards of
+the kind share:
+
+- a launch that reads host memory (`compiler.launches`: an engine's input staging) is left out:
+  a manifest passes device buffers only; what it writes becomes an input (compiler.buffers);
+- a cuBLASLt launch and its split-K reduction are one GEMM call (`compiler.externs`);
+- the sequence is the (symbol, module sha256) of every call, GEMMs by their operand sizes' shape
+  class only (cuBLASLt picks another kernel by m, kern's own call picks again).
+
+Start-up forwards (profile and warm-up passes) join a program when their sequence is the same:
+they add sample points for the expressions (compiler.exprs) and the largest one sets the rows
+the prefill is sized for. Forwards of another sequence are listed as left out, with their count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from compiler import externs
+from compiler.errors import CompileError
+from compiler.launches import Launch, read_launches
+from vocab.analysis import AnalysisDoc, site_name
+
+
+@dataclass
+class Step:
+    """One call of a program in one forward: a kernel launch, or a GEMM (main + split-K aux)."""
+    launch: Launch
+    aux: Launch | None = None
+    gemm: externs.Gemm | None = None
+
+    @property
+    def key(self) -> tuple:
+        if self.gemm is not None:
+            return ("gemm",)
+        return (self.launch.symbol, self.launch.sha256)
+
+
+@dataclass
+class Sample:
+    forward: int
+    phase: str
+    tokens: int
+    steps: list[Step]
+    staging: list[Launch]       # host-reading launches left out of the program
+
+
+@dataclass
+class Program:
+    name: str                   # decode | prefill
+    samples: list[Sample]       # forwards with the program's sequence, in capture order
+    left_out: dict = field(default_factory=dict)   # forward -> why
+
+    @property
+    def rep(self) -> Sample:
+        """The sample the buffers are laid out from: the most tokens (ties: the first serving one)."""
+        return max(self.samples, key=lambda s: (s.tokens, s.phase == "serve", -s.forward))
+
+
+def _seqs(f) -> list[int]:
+    return [s for first, n in f.seqs for s in range(first, first + n)]
+
+
+def _steps(f, launches: dict[int, Launch]) -> tuple[list[Step], list[Launch]]:
+    steps, staging, occ = [], [], {}
+    for seq in _seqs(f):
+        x = launches[seq]
+        k = occ.get(x.symbol, 0)
+        occ[x.symbol] = k + 1
+        x.site = site_name(x.symbol, k)
+        if externs.is_aux(x.symbol):
+            if not steps or steps[-1].gemm is None or steps[-1].aux is not None:
+                raise CompileError(f"forward {f.forward}: cuBLASLt's split-K reduction (launch seq {seq}) follows no "
+                                   f"GEMM launch, so its GEMM cannot be read")
+            st = steps[-1]
+            st.aux = x
+            st.gemm = _gemm(f, st.launch, x)
+            continue
+        if x.host_words and not externs.is_library(x.symbol):
+            x.pos = len(steps)
+            staging.append(x)
+            continue
+        if externs.is_main(x.symbol):
+            steps.append(Step(x, None, _gemm(f, x, None)))
+        else:
+            steps.append(Step(x))
+    return steps, staging
+
+
+def _gemm(f, main: Launch, aux: Launch | None) -> externs.Gemm:
+    try:
+        return externs.read_gemm(main, aux)
+    except externs.GemmError as exc:
+        raise CompileError(f"forward {f.forward}: the cuBLASLt launch {main.symbol} (seq {main.seq}, call site "
+                           f"{main.site}) {exc}") from None
+
+
+def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
+    """The decode and prefill programs of the capture, and notes on what was left out."""
+    fwds = [f for f in doc.passes.forwards if f.tokens is not None and f.tokens >= 1]
+    if not [f for f in fwds if f.phase == "serve"]:
+        raise CompileError("the analysis finds no serving forward with a token count, so there is no step to "
+                           "compile (run `mine analyze` on the capture to see its forwards)")
+    launches = read_launches(dump, [s for f in fwds for s in _seqs(f)])
+    missing = [s for f in fwds for s in _seqs(f) if s not in launches]
+    if missing:
+        raise CompileError(f"the analysis names launch seq {missing[0]}, which the dump does not hold "
+                           f"(an analysis of another capture?)")
+    out, notes = [], []
+    for name, pick in (("decode", lambda t: t == 1), ("prefill", lambda t: t > 1)):
+        kind = [f for f in fwds if pick(f.tokens)]
+        if not kind:
+            continue
+        samples = {}
+        for f in kind:
+            # fresh Launch objects per forward: a record replayed in several forwards is a
+            # different call site in each
+            own = {s: _copy(launches[s]) for s in _seqs(f)}
+            steps, staging = _steps(f, own)
+            samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging)
+        serve = Counter(tuple(st.key for st in samples[f.forward].steps) for f in kind if f.phase == "serve")
+        if not serve:
+            notes.append(f"no {name} program: the {name} forwards are all start-up passes")
+            continue
+        sig, n = serve.most_common(1)[0]
+        prog = Program(name, [])
+        for f in kind:
+            s = samples[f.forward]
+            if tuple(st.key for st in s.steps) == sig:
+                prog.samples.append(s)
+            else:
+                prog.left_out[f.forward] = (f"its {len(s.steps)} calls are not the {len(sig)}-call sequence "
+                                            f"{n} serving {name} forward(s) share")
+        if not prog.rep.steps:
+            raise CompileError(f"every launch of the {name} forwards reads host memory; nothing is left to compile")
+        out.append(prog)
+        if prog.left_out:
+            notes.append(f"{name}: {len(prog.left_out)} forward(s) left out for another call sequence "
+                         f"(forwards {sorted(prog.left_out)[:8]})")
+    return out, notes
+
+
+def _copy(x: Launch) -> Launch:
+    return Launch(x.seq, x.symbol, x.sha256, x.grid, x.block, x.smem, x.params, x.words, x.host_words)
