@@ -19,7 +19,8 @@ from vocab.errors import UsageError
 
 def analyze_cmd(
     path: Path = typer.Argument(..., help="pid<N>/ folder, dump folder (or its .tar.xz), launches.jsonl or launches.bin [.gz|.xz|.zst]"),
-    pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches)"),
+    pid: Optional[int] = typer.Option(None, help="pick this pid in a dump folder (default: most launches; "
+                                      "a dump of rank processes: rank 0, with every rank lined up)"),
     gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="request gap threshold (default: from the data)"),
     per_forward: Optional[int] = typer.Option(None, "--per-forward", min=1, help="core kernel launches per forward (default: from the data)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the full result (docs/analysis-json.md)"),
@@ -46,7 +47,10 @@ def analyze_cmd(
     from mine.checks import archive_named, check_outputs, progress
     from mining import plots, report
     from mining.analyze import analyze, to_json
+    from mining.archive import unpack
     from mining.load import load_dump
+    from mining.ranks import analyze_ranks, document_with_ranks
+    from mining.ranks import lines as rank_lines
 
     sections = report.parse_sections(section)
     if gap_ms is not None and not gap_ms > 0:
@@ -55,18 +59,32 @@ def analyze_cmd(
         raise FileNotFoundError(f"{path}: no such file or folder")
     # before the analysis: a wrong output path must not cost one, nor overwrite the capture
     check_outputs([path], {"--json": json_out, "--plot": plot, "--trace": trace})
+    ranks = None
     with archive_named(path):
-        with progress(f"reading {path}"):
-            dump = load_dump(path, pid=pid, cache=not no_cache, cache_dir=cache_dir)
-        with progress(f"analysing {len(dump.launches):,} launches"):
-            result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
+        where = path
+        if pid is None:   # a dump of several rank processes: each analysed, lined up (docs/ranks.md)
+            where = unpack(path, cache=not no_cache, cache_dir=cache_dir)
+            with progress(f"looking for ranks in {path}"):
+                ranks = analyze_ranks(where, cache=not no_cache, cache_dir=cache_dir, gap_ms=gap_ms,
+                                      per_forward=per_forward)
+        if ranks is not None:
+            result, dump = ranks.main, ranks.main.dump
+        else:
+            with progress(f"reading {path}"):
+                dump = load_dump(where, pid=pid, cache=not no_cache, cache_dir=cache_dir)
+            with progress(f"analysing {len(dump.launches):,} launches"):
+                result = analyze(dump, gap_ms=gap_ms, per_forward=per_forward)
     report.render(result, sections=sections, full=full, label=str(path))
+    if ranks is not None:
+        for line in rank_lines(ranks.doc):
+            typer.echo(line)
     _print_damage(dump)
     for out in (json_out, plot, trace):
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
     if json_out:
-        json_out.write_text(json.dumps(to_json(result), indent=1))
+        doc = to_json(result) if ranks is None else document_with_ranks(ranks).to_json()
+        json_out.write_text(json.dumps(doc, indent=1))
         typer.echo(f"wrote {json_out}")
     if plot:
         plots.save_timeline(result, plot)

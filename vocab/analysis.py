@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass, field
 
 from vocab.errors import MineError
+from vocab.ranks import RANKS_VERSION, Ranks  # noqa: F401  (the `ranks` section)
 
 ANALYSIS_SCHEMA_VERSION = 3
 SITE_SEP = "#"             # a call site is named symbol + SITE_SEP + occurrence in its forward
@@ -295,6 +296,9 @@ class AnalysisDoc:
     no_layout: list[NoLayout] = field(default_factory=list)
     damage: list[FileDamage] = field(default_factory=list)   # per dump file read (mining/damage.py)
     flow: list[FlowWord] = field(default_factory=list)       # measured by `mine replay` (replay/sites.py)
+    # multi-rank dumps only (mining/ranks.py); absent from the JSON otherwise, so a one-process
+    # analysis is what it was before the section existed
+    ranks: Ranks | None = field(default=None, metadata={"absent_when_none": True})
 
     def to_json(self) -> dict:
         return _dump(self)
@@ -330,9 +334,14 @@ class Relations:
         return len(self._in.get(a, []))
 
 
+def _absent(f, v) -> bool:
+    """A field left out of the JSON: one marked absent_when_none, holding None."""
+    return v is None and f.metadata.get("absent_when_none", False)
+
+
 def _dump(v):
     if dataclasses.is_dataclass(v):
-        return {f.name: _dump(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        return {f.name: _dump(getattr(v, f.name)) for f in dataclasses.fields(v) if not _absent(f, getattr(v, f.name))}
     if isinstance(v, list):
         return [_dump(x) for x in v]
     if isinstance(v, float) and not math.isfinite(v):
@@ -359,10 +368,11 @@ def _load(tp, v, path: str):
         unknown = sorted(set(v) - set(names))
         if unknown:
             raise AnalysisError(f"{path}: unknown key(s) {unknown}")
-        missing = [n for n in names if n not in v]
+        optional = {f.name for f in dataclasses.fields(tp) if f.metadata.get("absent_when_none")}
+        missing = [n for n in names if n not in v and n not in optional]
         if missing:
             raise AnalysisError(f"{path}: missing key(s) {missing}")
-        return tp(**{n: _load(hints[n], v[n], f"{path}.{n}") for n in names})
+        return tp(**{n: _load(hints[n], v[n], f"{path}.{n}") for n in names if n in v})
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
