@@ -42,6 +42,19 @@ class CompileResult:
         return [head] + [f"note: {n}" for n in self.notes]
 
 
+def check_inputs(dump, analysis=None, config=None, weights=None) -> None:
+    """Refuse inputs that cannot serve, before any work (one sentence each)."""
+    from vocab.errors import UsageError
+
+    for flag, given in (("DUMP", dump), ("--analysis", analysis), ("--config", config), ("--weights", weights)):
+        if given is not None and not Path(given).exists():
+            raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
+    if weights is not None:
+        raise UsageError(f"--weights {weights}: binding weights by content needs the bytes of the capture's weight "
+                         "ranges, and captures hold none yet (the snapshot knob of issue 22 is not built); "
+                         "compile without --weights and bind the `capture.*` tensors yourself", value=weights)
+
+
 def _dtypes(layouts: dict, decls: dict, progs) -> None:
     """bf16 where every offset and the size are even (GEMM operands need it), else u8."""
     odd = {n for n, d in decls.items() if d.size % 2}

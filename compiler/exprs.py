@@ -5,8 +5,15 @@ one value per forward and the forward's token count. A field the same in every s
 constant; one that differs is fitted by `mining.fit.fit` (the manifest's closed set) in the
 token count, which is the program's `rows` var. Where several forms fit the samples, the analysis'
 fit of the same call site over all of the capture's forwards decides when it is one of them
-(`vocab.analysis` fits); otherwise, and where nothing fits, the compiler refuses with one sentence
-naming the call site and the field -- the capture does not pin the function.
+(`vocab.analysis` fits), else the bare `rows` when it is one of them (the simplest form; noted);
+otherwise the compiler refuses with one sentence naming the call site and the field -- the
+capture does not pin the function.
+
+Indeterminate bytes: by-value structs carry padding, and an empty C++ struct passes one byte of
+whatever the stack held, so a struct lane (or a one-byte param) that follows nothing, and any
+field the analysis also finds no function for over every forward of its site, is taken from the
+representative forward and listed in the notes -- never silently. A field that varies between
+forwards of one token count and that the analysis fits with the context (`ctx`) is refused.
 
 Fields: `grid_x|y|z`, the dynamic shared memory, and the integers a launch passes by value: a
 whole scalar parameter (1, 4 or 8 bytes), or a 4-byte lane of a by-value struct (lanes that hold
@@ -69,6 +76,8 @@ class Fitter:
             raise CompileError(f"{where}: takes {sorted(set(v.tolist()))[:4]} in forwards of the same token count, "
                                f"so it follows something the capture does not name as a var (the context?)")
         f = F.fit({"tokens": self.tokens}, v, piecewise=False)
+        if f.status == "fit" and not _plausible(f, lane):
+            f = F.Fit("no_fit", note="a fit with a negative constant, or an offset from two points in a struct")
         if f.status == "fit":
             return _wire(f.expr)
         if f.status == "underdetermined":
@@ -79,15 +88,28 @@ class Fitter:
                     self.notes.append(f"{where}: {text}, the analysis' fit over every forward of the site, among "
                                       f"{len(f.alternatives)} forms the program's {len(v)} forwards allow")
                     return _wire(F.parse(text))
+            if "tokens" in f.alternatives:
+                self.notes.append(f"{where}: `rows` itself, the simplest of {' | '.join(f.alternatives)} that the "
+                                  f"program's forwards at {sorted(set(self.tokens.tolist()))} tokens allow")
+                return ROWS
             raise CompileError(f"{where}: the program's forwards at {sorted(set(self.tokens.tolist()))} tokens allow "
                                f"{' or '.join(f.alternatives)}; the capture does not pin which")
-        if lane:
+        if lane or (a is not None and a.status == "no_fit"):
             rep = int(v[self.prog.samples.index(self.prog.rep)])
             self.notes.append(f"{where}: a by-value lane that follows no expression of the token count (padding "
                               f"bytes?); forward {self.prog.rep.forward}'s {rep} is taken")
             return rep
         raise CompileError(f"{where}: values {sorted(set(v.tolist()))[:6]} at tokens "
                            f"{sorted(set(self.tokens.tolist()))} are no expression of the manifest's closed set")
+
+
+def _plausible(f, lane: bool) -> bool:
+    """kern's expressions hold no negative constant; in a struct lane, where padding bytes may
+    hold anything, an offset (`add`) is believed only from three or more token counts."""
+    t = F._tree(f.expr)
+    if not V.constants_positive(t) or any(isinstance(n, int) and n < 0 for n in V.walk(t)):
+        return False
+    return not lane or f.points >= 3 or "add" not in F.render(f.expr).replace("ceil_div", "")
 
 
 def lanes(raw: bytes | None, skip: set[int]) -> list[int]:

@@ -64,6 +64,7 @@ def _build_app():
         "mine.cmd_gen",
         "mine.cmd_gen_qwen3",
         "mine.cmd_gen_k3",
+        "mine.cmd_compile",
         "mine.cmd_k3",
         "mine.cmd_manifests",
         "mine.cmd_kernels",

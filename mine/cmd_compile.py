@@ -1,0 +1,51 @@
+"""`mine compile`: a capture to a verified kern manifest, wiring inferred from the capture alone.
+
+A thin command over `compiler.compile.compile_dump` (docs/compile.md: what it writes and what each
+inference rests on). The output folder is checked first (`mine.checks.OutFolder`: refused when it
+holds files, unless `--force`), so a wrong `--out` costs no analysis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def compile_cmd(
+    dump: Path = typer.Argument(..., help="The capture: a dump folder (or its .tar.xz), a pid<N>/ folder or a launches file."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (manifest.json, provenance.json, kernels/)."),
+    force: bool = typer.Option(False, "--force", help="Write into an existing --out folder (files of an earlier "
+                               "run there are replaced, other files kept)."),
+    analysis: Optional[Path] = typer.Option(None, "--analysis", help="The capture's analysis (`mine analyze --json`, "
+                                            "or `mine replay --flow-out` with measured data flow); computed when omitted."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Accepted for the issue's interface; the compiler "
+                                          "reads nothing from it (no model knowledge)."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder to bind weight ranges by "
+                                           "content; refused until the capture holds weight bytes."),
+    pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Read and write no cache."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="The cache folder (default: $MINE_CACHE_DIR, "
+                                             "else $XDG_CACHE_HOME/mine or ~/.cache/mine)."),
+) -> None:
+    """Compile a capture into a kern manifest (decode and prefill programs) with no model-specific wiring.
+
+    \b
+    Examples:
+      mine compile tests/fixtures/vllm/vllm-offline.tar.xz -o out/compiled
+      mine compile tests/fixtures/suite/tri_dense.tar.xz -o out/tri --force
+    """
+    from compiler.compile import check_inputs, compile_dump
+    from mine.checks import OutFolder, archive_named, progress
+
+    check_inputs(dump, analysis, config, weights)
+    folder = OutFolder(out, force, inputs=[dump, analysis, config, weights])
+    with archive_named(dump), progress(f"reading and compiling {dump}"):
+        result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir)
+    for line in result.lines():
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compile")(compile_cmd)
