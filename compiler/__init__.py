@@ -1,8 +1,9 @@
 """`mine compile` (issue 22): a kern manifest from a capture, with no model-specific wiring.
 
-Built so far: `weights`, the binder that names each weight range of a capture by the checkpoint
-tensors its bytes are (exact, concatenated, sliced), so a compiled manifest can bind a checkpoint
-without a generator knowing that vLLM fuses q, k and v or gate and up. Not built yet: the capture
-knob that snapshots those bytes, and the rest of the compiler (buffers from liveness, programs,
-expressions) -- see the issue.
+Modules, in pipeline order: `launches` (a launch's parameters, pointer words, host staging),
+`programs` (decode and prefill from the analysis' forwards; cuBLASLt GEMMs joined), `externs`
+(a GEMM's operands and m, n, k from cuBLASLt's launch struct), `buffers` (what each address
+holds, directions, extents), `exprs` (fits over the program's forwards), `emit` (the manifest),
+`compile` (the entry point and provenance), `weights` (binding weight bytes to checkpoint
+tensors, for when a capture holds those bytes). The contract: docs/compile.md.
 """
