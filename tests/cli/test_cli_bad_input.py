@@ -196,9 +196,15 @@ CASES = [
     (["cut", str(QWEN3), "--at", "100", "-o", "{t}/d"], "already exists and is not empty"),
     (["cut", str(QWEN3), "--at", "100"], "'--out'"),
     (["cut", str(K3D), "--at", "1", "-o", "{t}/o"], "topology"),
+    # compile: inputs and the output folder refused before the capture is read
+    (["compile", "{t}/missing", "-o", "{t}/o"], "cannot be read"),
+    (["compile", str(DUMP), "-o", "{t}/o", "--weights", "{t}"], "binding weights by content"),
+    (["compile", str(DUMP), "-o", "{t}/d"], "already exists and is not empty"),
     # replay (a GPU command: here the missing GPU or the missing path, either in one sentence)
     (["replay", "{t}/missing"], "mine: error:"),
     (["replay", str(DUMP), "--limit", "0"], "'--limit'"),
+    (["replay", str(DUMP), "--io", "{t}/garbage.json"], "not a readable mine-probe-io/1 file"),
+    (["replay", str(DUMP), "--io", "{t}/obj.json"], "not a mine-probe-io/1 file"),
     # compare / reference: refused on the CPU, before any GPU or engine is touched
     (["compare", "{t}/missing", "--weights", "{t}", "--reference", "{t}/obj.json"], "does not exist"),
     (["compare", str(QWEN3), "--weights", "{t}/emptydir", "--reference", "{t}/garbage.json"], "is not JSON"),
