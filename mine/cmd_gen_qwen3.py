@@ -38,6 +38,8 @@ def qwen3(
                                   "into a temporary folder, removed at exit)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="The cache folder (default: "
                                              "$MINE_CACHE_DIR, else $XDG_CACHE_HOME/mine or ~/.cache/mine)."),
+    tp: bool = typer.Option(False, "--tp", help="The dump holds a tensor-parallel run's rank processes: one "
+                            "manifest for all ranks (qwen3-tp.json; docs/ranks.md)."),
 ) -> None:
     """Generate the Qwen3 kern manifest from a vLLM capture.
 
@@ -48,11 +50,23 @@ def qwen3(
     """
     from generators.qwen3.generate import check_inputs, generate_qwen3
     from mine.checks import OutFolder, archive_named, progress
+    from vocab.errors import UsageError
 
     toml = kernels if kernels is not None else kernels_toml
     check_inputs(dump, config, analysis, weights, chunk)
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
     with archive_named(dump):
+        if tp:
+            from generators.qwen3.tp import generate_tp
+
+            if pid is not None or analysis is not None or weights is not None:
+                raise UsageError("--tp reads every rank of the dump: it takes no --pid, --analysis or --weights")
+            with progress(f"reading and lining up the ranks of {dump}"):
+                result = generate_tp(dump, config, folder, chunk=chunk, kernels_toml=toml, cache=not no_cache,
+                                     cache_dir=cache_dir)
+            for line in result.lines():
+                typer.echo(line)
+            return
         result = generate_qwen3(dump, config, folder, weights=weights, chunk=chunk, pid=pid, kernels_toml=toml,
                                 analysis=analysis, progress=progress, cache=not no_cache, cache_dir=cache_dir)
     for line in result.lines():

@@ -9,8 +9,10 @@ templates; `bindings.write(...)` writes the safetensors tensors no checkpoint ho
 kv scale). Those read no kernels.toml and verify nothing: `generate.generate_qwen3`, the whole job
 of `mine gen qwen3` as a library function, passes the own kernels' launches in, verifies the
 result with `manifests`, and writes the manifest, the bindings and the kernels folder.
+`tp.generate_tp` (`mine gen qwen3 --tp`) makes one manifest for every rank of a tensor-parallel
+capture (topology, per-rank weight binds, NCCL all-reduces; docs/ranks.md).
 Not handled: batches of more than one sequence (the captured reduce kernel is built for one),
-tensor parallelism, quantized KV caches.
+pipeline parallelism, quantized KV caches.
 """
 
 GENERATOR = "mine.generators.qwen3"
