@@ -37,6 +37,10 @@ def replay_cmd(
                                             help="the dump's analysis JSON (mine analyze --json) for --flow-out"),
     flow_out: Optional[Path] = typer.Option(None, "--flow-out",
                                             help="write the analysis with its `flow` section filled from these replays"),
+    io: Optional[Path] = typer.Option(None, "--io", help="a mine-probe-io/1 side file of the captured program: "
+                                      "replay its launches on the original bytes and compare what they write"),
+    ceilings: bool = typer.Option(False, "--ceilings", help="measure the copy and bf16 GEMM ceilings and print "
+                                  "each kernel's floor ratio"),
 ) -> None:
     """Run captured launches again, alone, on this GPU: read/write set per pointer parameter,
     determinism, time.
@@ -45,7 +49,9 @@ def replay_cmd(
 
       mine replay tests/fixtures/capture/probe.tar.xz --seq 0 --seq 3
 
-      mine replay dumped-kernels --forward 5 --json replay.json
+      mine replay dumped-kernels --forward 5 --ceilings --json replay.json
+
+      mine replay probe-dump --io probe_io.json
     """
     from mining.load import load_dump
     from replay.gpu import Gpu
@@ -59,11 +65,24 @@ def replay_cmd(
             raise UsageError(f"{out}: an output may not be one of the inputs")
     if analysis is not None and flow_out is None:
         raise UsageError("--analysis is read for --flow-out; give --flow-out OUT.json too")
-    Gpu().close()    # no GPU: say so before any work (the replays run in worker processes)
+    if io is not None:
+        from replay.contents import read_io
+        read_io(io)   # a bad side file: one sentence before the GPU is touched
+    gpu = Gpu()      # no GPU: say so before any work (the replays run in worker processes)
+    ceil = None
+    if ceilings:
+        from replay.ceilings import measure
+        ceil = measure(gpu)
+    gpu.close()
     dump = load_dump(dump_path, pid=pid, cache=not no_cache, cache_dir=cache_dir)
+    if io is not None:
+        from replay.contents import check_dump
+        _io_table(check_dump(dump, io, max_region=max_region_mib << 20))
+        if not (seq or kernel or forward is not None):
+            return
     seqs = select(dump, seq, kernel, forward, limit)
     results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
-    _table(results, forward)
+    _table(results, forward, ceil)
     if json_out:
         json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
         typer.echo(f"wrote {json_out}")
@@ -73,23 +92,52 @@ def replay_cmd(
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
 
 
-def _table(results, forward) -> None:
+def _table(results, forward, ceil=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"replayed launches{'' if forward is None else f' of forward {forward}'}")
-    for col in ("seq", "kernel", "status", "µs (median)", "det.", "pointer params", "note"):
+    cols = ["seq", "kernel", "status", "µs alone", "µs graph", "det.", "pointer params", "note"]
+    if ceil is not None:
+        cols.insert(5, "x write floor")
+    for col in cols:
         t.add_column(col)
     for r in results:
         dirs = " ".join(f"{w.i}{'' if w.at == 0 else '+' + str(w.at)}:{w.direction}" for w in r.words)
-        t.add_row(str(r.seq), r.symbol[:48], r.status, "" if r.time_us is None else f"{r.time_us:.2f}",
-                  "" if r.deterministic is None else ("yes" if r.deterministic else "NO"), dirs, r.message[:80])
+        row = [str(r.seq), r.symbol[:48], r.status, "" if r.time_us is None else f"{r.time_us:.2f}",
+               "" if r.time_us_graph is None else f"{r.time_us_graph:.2f}",
+               "" if r.deterministic is None else ("yes" if r.deterministic else "NO"), dirs, r.message[:80]]
+        if ceil is not None:
+            fl = ceil.floor_us(r.bytes_written)
+            row.insert(5, "" if r.time_us_graph is None or fl <= 0 else f"{r.time_us_graph / fl:,.0f}")
+        t.add_row(*row)
     c = Console()
     c.print(t)
     ok = [r for r in results if r.status == "ok"]
-    c.print(f"{len(ok)} of {len(results)} replayed; kernel time sum {sum(r.time_us for r in ok):.1f} µs; "
-            f"{sum(r.status == 'missing' for r in results)} without a cubin or layout, "
-            f"{sum(r.status in ('fault', 'error') for r in results)} failed")
+    graph = sum(r.time_us_graph or 0.0 for r in ok)
+    c.print(f"{len(ok)} of {len(results)} replayed; kernel time sum {sum(r.time_us for r in ok):.1f} µs alone, "
+            f"{graph:.1f} µs back to back in graphs; {sum(r.status == 'missing' for r in results)} without a "
+            f"cubin or layout, {sum(r.status in ('fault', 'error') for r in results)} failed")
+    if ceil is not None:
+        floor = sum(ceil.floor_us(r.bytes_written) for r in ok)
+        gemm = "not measured: " + ceil.note if ceil.gemm_flop_s is None else f"{ceil.gemm_flop_s / 1e12:.0f} TFLOP/s"
+        c.print(f"ceilings: copy {ceil.copy_bytes_s / 1e9:,.0f} GB/s, bf16 GEMM ({ceil.gemm_n}^3) {gemm}; "
+                f"the replayed kernels' write floor {floor:.2f} µs")
+
+
+def _io_table(results) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="launches replayed on the original run's bytes")
+    for col in ("seq", "kernel", "status", "buffers compared", "bytes differing", "note"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(str(r.seq), r.kernel, r.status, str(sum(b["in_plan"] for b in r.buffers)),
+                  str(sum(max(b["differing"], 0) for b in r.buffers)), r.message[:80])
+    c = Console()
+    c.print(t)
+    c.print(f"{sum(r.status == 'same' for r in results)} of {len(results)} wrote what the original run wrote")
 
 
 def register(app: typer.Typer) -> None:

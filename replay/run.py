@@ -7,7 +7,8 @@ again, rebase its pointer words, then
   2. run it on the tagged fill again: identical memory after both, or the launch is not
      deterministic (its reads are then not judged);
   3. per pointer word, run it with the word's span poisoned (`POISONS`): the read set;
-  4. time `reps` launches with CUDA events on the tagged fill, L2 flushed before each.
+  4. time `reps` launches with CUDA events on the tagged fill, L2 flushed before each, and the
+     same launch 20 times back to back in one CUDA graph (L2 warm), as kern replays a step.
 A launch that faults is reported with the driver's error; the fault ends its worker process and the
 next launch runs in a fresh one (`run_isolated`). Timings of kernels whose work depends on memory contents (attention
 reading sequence lengths, for one) are of the fill's data, which the result says.
@@ -56,6 +57,7 @@ class LaunchResult:
     deterministic: bool | None = None
     time_us: float | None = None       # median of the timed launches
     time_us_min: float | None = None
+    time_us_graph: float | None = None # per launch, back to back in one CUDA graph, L2 warm (Gpu.time_graph)
     reps: int = 0
     fill: str = FILL_TIMED
     bytes_written: int = 0
@@ -165,6 +167,12 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
         s.fill(FILL_TIMED)
         t = gpu.time_launches(s.fn, plan.grid, plan.block, plan.smem, s.params, plan.cluster, reps)
         res.time_us, res.time_us_min, res.reps = float(np.median(t)), float(min(t)), len(t)
+        try:
+            res.time_us_graph = gpu.time_graph(s.fn, plan.grid, plan.block, plan.smem, s.params, plan.cluster)
+        except CudaError as exc:
+            if exc.sticky:
+                raise
+            res.message = f"not timed in a graph ({exc})"
         if no_map:
             res.message = f"{len(no_map)} tensor map(s) point outside every allocation: kept as captured"
         if any(r.truncated for r in plan.regions):

@@ -2,7 +2,7 @@
 // what it launched (every parameter's bytes, which words are device pointers into which
 // allocation, host pointees, cluster dims, graph membership) to a ground-truth JSON file.
 //
-// usage: probe <probe_mod.cubin> <ground_truth.json>
+// usage: [PROBE_IO=io.json] probe <probe_mod.cubin> <ground_truth.json>
 // Paths: runtime <<<>>>; cuLaunchKernel with kernelParams and with `extra`; cuLaunchKernelEx
 // with a cluster; a by-value struct holding device pointers; a host-pointer scalar; a TMA
 // descriptor; a captured and replayed CUDA graph; a graph built by hand (one kernel node); 8
@@ -104,6 +104,55 @@ static void write_truth(const char *path, const std::string &head) {
   fclose(f);
 }
 
+// The original run's bytes (PROBE_IO=FILE): x, y and z start as seeded values over their first
+// IO_BYTES (zero past them); around each of the six single launches the probe writes what those
+// buffers held before and after it, so `mine replay` can run the launch on the same bytes and
+// compare what it wrote (replay/contents.py). Off by default: the snapshots synchronize.
+static const size_t IO_BYTES = 24576;
+static FILE *io_file;
+static int io_count;
+static std::string io_before[3];
+static float *io_bufs[3];
+static void io_snap(std::string *out, int k) {
+  std::vector<unsigned char> h(IO_BYTES);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h.data(), io_bufs[k], IO_BYTES, cudaMemcpyDeviceToHost));
+  *out = hexof(h.data(), IO_BYTES);
+}
+static void io_pre(void) {
+  if (!io_file) return;
+  for (int k = 0; k < 3; k++) io_snap(&io_before[k], k);
+}
+static void io_post(const char *kernel, int nth) {
+  if (!io_file) return;
+  fprintf(io_file, "%s{\"kernel\":\"%s\",\"nth\":%d,\"buffers\":[", io_count++ ? ",\n" : "", kernel, nth);
+  for (int k = 0; k < 3; k++) {
+    std::string after;
+    io_snap(&after, k);
+    fprintf(io_file, "%s{\"addr\":%s,\"before\":\"%s\",\"after\":\"%s\"}", k ? "," : "", ptrof(io_bufs[k]).c_str(),
+            io_before[k].c_str(), after.c_str());
+  }
+  fprintf(io_file, "]}");
+}
+static void io_start(float *x, float *y, float *z) {
+  const char *path = getenv("PROBE_IO");
+  if (!path || !*path) return;
+  io_file = fopen(path, "w");
+  if (!io_file) { perror(path); exit(1); }
+  fprintf(io_file, "{\"format\":\"mine-probe-io/1\",\"bytes\":%zu,\"beyond\":\"zero\",\"launches\":[\n", IO_BYTES);
+  io_bufs[0] = x; io_bufs[1] = y; io_bufs[2] = z;
+  std::vector<float> h(IO_BYTES / 4);
+  for (int k = 0; k < 3; k++) {
+    for (size_t i = 0; i < h.size(); i++) h[i] = (float)((i * (7 + 2 * k) + 3 * k) % 61) * 0.125f - 3.0f;
+    CK(cudaMemcpy(io_bufs[k], h.data(), IO_BYTES, cudaMemcpyHostToDevice));
+  }
+}
+static void io_end(void) {
+  if (!io_file) return;
+  fprintf(io_file, "\n]}\n");
+  fclose(io_file);
+}
+
 static const char *SYM_AXPY = "_Z6k_axpyPfPKffi";
 
 static void run_axpy(float *y, const float *x, float a, int n, cudaStream_t s, const char *tag, int graph = 0,
@@ -133,16 +182,21 @@ int main(int argc, char **argv) {
   float *x, *y, *z;
   CK(cudaMalloc(&x, N * 4)); CK(cudaMalloc(&y, N * 4)); CK(cudaMalloc(&z, N * 4));
   CK(cudaMemset(x, 0, N * 4)); CK(cudaMemset(y, 0, N * 4)); CK(cudaMemset(z, 0, N * 4));
+  io_start(x, y, z);
 
   // 1. runtime <<<>>> on the legacy default stream
+  io_pre();
   run_axpy(y, x, 2.5f, 5000, 0, "runtime");
+  io_post("k_axpy", 0);
 
   // 2. by-value struct holding device pointers (z at an offset into its allocation)
   Pack pk;
   memset(&pk, 0, sizeof pk);
   pk.x = x; pk.y = y; pk.n = 777; pk.scale = 0.125; pk.z = z + 16;
+  io_pre();
   k_struct<<<4, 256>>>(pk);
   CK(cudaGetLastError());
+  io_post("k_struct", 0);
   record("struct", "_Z8k_struct4Pack", "params",
          {{hexof(&pk, sizeof pk), ",\"ptrs\":[{\"at\":0,\"base\":" + ptrof(x) + ",\"off\":0},{\"at\":8,\"base\":" +
                                       ptrof(y) + ",\"off\":0},{\"at\":32,\"base\":" + ptrof(z) + ",\"off\":64}]"}});
@@ -151,8 +205,10 @@ int main(int argc, char **argv) {
   static float host_vals[16];
   for (int i = 0; i < 16; i++) host_vals[i] = 0.25f * (float)(i + 1);
   const float *hp = host_vals;
+  io_pre();
   k_hostptr<<<1, 32>>>(y, hp);
   CK(cudaGetLastError());
+  io_post("k_hostptr", 0);
   record("hostptr", "_Z9k_hostptrPfPKf", "params",
          {Pptr(y, y), {hexof(&hp, 8), ",\"host\":[{\"at\":0,\"hex\":\"" + hexof(host_vals, 64) + "\"}]"}});
 
@@ -163,8 +219,10 @@ int main(int argc, char **argv) {
   CK(p_cuTensorMapEncodeTiled(&tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)x, dims, strides, box, es,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  io_pre();
   k_tma<<<1, 32>>>(tm, y);
   CK(cudaGetLastError());
+  io_post("k_tma", 0);
   record("tma", "_Z5k_tma14CUtensorMap_stPf", "params",
          {{hexof(&tm, 128), ",\"tmap\":[{\"at\":0,\"global\":" + ptrof(x) + "}]"}, Pptr(y, y)});
 
@@ -183,13 +241,17 @@ int main(int argc, char **argv) {
   int n = 4096;
   float s = 1.5f;
   void *kp[] = {&dy, &n, &s};
+  io_pre();
   CK(p_cuLaunchKernel(fscale, 16, 1, 1, 256, 1, 1, 0, 0, kp, nullptr));
+  io_post("drv_scale", 0);
   record("driver_params", "drv_scale", "params", {Pptr(y, y), P(n), P(s)});
 
   struct { CUdeviceptr y; int n; float s; } packed = {dy + 256, 2048, 0.75f};
   size_t psize = sizeof packed;
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
+  io_pre();
   CK(p_cuLaunchKernel(fscale, 8, 1, 1, 256, 1, 1, 0, 0, nullptr, extra));
+  io_post("drv_scale", 1);
   record("driver_extra", "drv_scale", "extra", {Pptr(y + 64, y), P(packed.n), P(packed.s)});
 
   CUlaunchAttribute at[2];
@@ -204,7 +266,9 @@ int main(int argc, char **argv) {
   cfg.attrs = at; cfg.numAttrs = 2;
   int n2 = 512;
   void *kp2[] = {&dy, &n2};
+  io_pre();
   CK(p_cuLaunchKernelEx(&cfg, fcluster, kp2, nullptr));
+  io_post("drv_cluster", 0);
   record("driver_ex_cluster", "drv_cluster", "params", {Pptr(y, y), P(n2)}, 0, ",\"cluster\":[2,1,1]");
 
   // 8. a captured and replayed CUDA graph (3 replays)
@@ -270,6 +334,7 @@ int main(int argc, char **argv) {
   write_truth(gt, "\"pid\":" + std::to_string(getpid()) + ",\"child_pid\":" + std::to_string(early) +
                       ",\"child_ok\":" + (early_ok ? "true" : "false") + ",\"late_fork_ok\":" +
                       (late_ok ? "true" : "false") + ",\"graph_replays\":3,\"hand_graph_replays\":2");
+  io_end();
   printf("probe: %zu launches recorded in %s\n", truth.recs.size(), gt);
   return 0;
 }

@@ -109,3 +109,24 @@ def directions_against_the_generator(results) -> dict:
                                                 "measured": measured, "shared_region": bool(w and w.shared),
                                                 "region_written": bool(w and w.region_written)})
     return out
+
+
+def test_probe_launches_write_what_the_original_run_wrote(tmp_path):
+    """The probe run with PROBE_IO (tests/fixtures/capture/probe_io.tar.xz: the dump and the side
+    file of the bytes around each of its single launches): every one, replayed on the original
+    bytes, writes exactly what the original run wrote."""
+    import tarfile
+
+    from replay.contents import check_dump
+
+    fix = FIX / "capture" / "probe_io.tar.xz"
+    with tarfile.open(fix) as t:
+        t.extract("probe_io.json", tmp_path, filter="data")
+    d = load_dump(fix, cache=False)
+    res = check_dump(d, tmp_path / "probe_io.json")
+    _save("probe_io.json", res)
+    assert len(res) == 7
+    assert {r.kernel for r in res} == set(PROBE)
+    for r in res:
+        assert r.status == "same", (r.kernel, r.status, r.message)
+        assert any(b["changed_by_launch"] for b in r.buffers), r.kernel   # the launch wrote something
