@@ -124,17 +124,29 @@ def _places(mm) -> dict[str, tuple[int, str]]:
             for x in inst.launches if x.site_id}
 
 
-def check_collectives(ranks_doc, cfg, site_symbol: dict[str, str], places: dict[str, tuple[int, str]]) -> None:
+def check_collectives(ranks_doc, cfg, site_symbol: dict[str, str], places: dict[str, tuple[int, str]]) -> list[str]:
     """The analysis' collectives are the two all-reduces per layer the manifest writes (step 3 of
     the module docstring): each after a GEMM and before a residual add -- layer i's post-attention
     norm (after o_proj) or the next layer's input norm / the final norm (after down_proj) -- and
-    both places of every layer taken. WiringMismatch names the first that is not."""
-    seen = set()
+    both places of every layer taken. Two more are vLLM's and not the manifest's, which holds the
+    embedding and lm_head whole on every rank: the vocab-parallel embedding's all-reduce (before the
+    first layer's input norm) and the logits' gather after the lm_head GEMM (between kernels
+    outside the model's families); they come back as notes. WiringMismatch names the first
+    collective that is none of these, or the layer missing one."""
+    seen, notes = set(), []
     for c in ranks_doc.collectives:
-        if c.op != "all_reduce":
-            raise WiringMismatch(f"collective {c.site} is a {c.op} ({c.library}); a TP Qwen3 layer all-reduces only")
         layer, role = places.get(c.before, (None, ""))
-        if tag(site_symbol.get(c.after, "")) is not None or role not in ("post_norm", "add_norm", "final_norm"):
+        after_model = c.after in places or tag(site_symbol.get(c.after, "")) is not None
+        if role == "in_norm" and c.op == "all_reduce" and not after_model:
+            notes.append(f"{c.site}: the vocab-parallel embedding's all-reduce; every rank holds the embedding whole")
+            continue
+        if not after_model and c.before not in places:
+            notes.append(f"{c.site}: a {c.op} of the logits after {c.after or '(start)'}; every rank holds lm_head whole")
+            continue
+        if c.op != "all_reduce":
+            raise WiringMismatch(f"collective {c.site} is a {c.op} ({c.library}) inside the layers; a TP Qwen3 "
+                                 f"layer all-reduces only")
+        if after_model or role not in ("post_norm", "add_norm", "final_norm"):
             raise WiringMismatch(f"collective {c.site} runs between {c.after or '(start)'} and "
                                  f"{c.before or '(end)'}, not between a projection GEMM and a residual add")
         seen.add((layer, "o_proj") if role == "post_norm" else
@@ -144,6 +156,7 @@ def check_collectives(ranks_doc, cfg, site_symbol: dict[str, str], places: dict[
         if missing:
             raise WiringMismatch(f"layer {layer} all-reduces at {2 - len(missing)} place(s), not 2: none after "
                                  f"{' and '.join(missing)}")
+    return notes
 
 
 def build_tp_manifest(dump: Path, config: Path, kernels: Optional[Path] = None, chunk: int = 2048,
@@ -172,7 +185,8 @@ def build_tp_manifest(dump: Path, config: Path, kernels: Optional[Path] = None, 
     shard = shard_config(cfg, tp)
     mms = [mined.mine(run.dump, shard, document(run.analysis)) for run in ranks.runs]
     idx = ranks.main.sites.index
-    check_collectives(doc, cfg, dict(zip(idx["site"].astype(str), idx["symbol"].astype(str))), _places(mms[0]))
+    edge_notes = check_collectives(doc, cfg, dict(zip(idx["site"].astype(str), idx["symbol"].astype(str))),
+                                   _places(mms[0]))
     own = {k: (mod, table.op_launch(mod, e), table.module_ref(mod)) for k, (mod, e) in OWN.items()}
     m = build.generate(shard, mms[0], own, chunk=chunk, label=Path(str(dump)).name)
     m["model"] = m["model"].replace("qwen3 (", f"qwen3 tp{tp} (", 1)
@@ -182,7 +196,7 @@ def build_tp_manifest(dump: Path, config: Path, kernels: Optional[Path] = None, 
     bad = verify(m)
     if bad:
         raise RejectedManifest(f"the generated TP manifest fails verification ({len(bad)} violations, first: {bad[0]})")
-    return TPResult(m, tp, shard, mms, ranks, [f"{added} all-reduce calls over {tp} ranks"])
+    return TPResult(m, tp, shard, mms, ranks, [f"{added} all-reduce calls over {tp} ranks"] + edge_notes)
 
 
 def generate_tp(dump: Path, config: Path, out, *, chunk: int = 2048, kernels_toml: Optional[Path] = None,

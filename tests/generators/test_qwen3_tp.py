@@ -201,3 +201,11 @@ def test_mine_gen_qwen3_tp_writes_the_manifest_then_checks_the_abi(tmp_path, cap
         main(["gen", "qwen3", "--tp", "--pid", "7100", "--dump", str(tmp_path / "dump"), "--config", str(path),
               "-o", str(tmp_path / "out2")])
     assert exc.value.code == 2 and "--tp reads every rank" in capsys.readouterr().err
+
+
+def test_vllms_vocab_parallel_collectives_are_noted_not_generated(tmp_path):
+    res, cfg = _build(tmp_path, 2, tp=2, edges=True)
+    notes = " ".join(res.notes)
+    assert "vocab-parallel embedding's all-reduce" in notes and "all_gather of the logits" in notes
+    m = res.manifest
+    assert verify(m) == [] and sum(c["op"] == "allreduce" for c in m["programs"]["decode"]["calls"]) == 2 * cfg.layers

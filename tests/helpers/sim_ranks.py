@@ -14,7 +14,8 @@ worker's capture differs from a single GPU's:
   custom all-reduce (`collective="custom"`: RankData*, RankSignals by value -- one Signal* per rank,
   the peers' mapped through cuIpcOpenMemHandle --, self Signal*, result, rank, size), an NCCL
   kernel (`"nccl"`: one 4 KB ncclDevKernelArgs4K by value), or custom for decode and NCCL for
-  prefill (`"mixed"`);
+  prefill (`"mixed"`); with `edges`, also vLLM's vocab-parallel collectives: an NCCL all-reduce
+  after the embedding and an NCCL all-gather of the logits after lm_head;
 - meta.json lists every GPU of the host and (with `env_rank`) the RANK / LOCAL_RANK / WORLD_SIZE
   the worker's environment held; allocs.jsonl logs every allocation its pointers land in, the
   peers' signal buffers as `ipc_open`.
@@ -40,6 +41,7 @@ CUSTOM_AR_NAME = ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm:
                   "vllm::Signal*, __nv_bfloat16*, int, int)")
 NCCL_AR = "_Z40ncclDevKernel_AllReduce_Sum_bf16_RING_LL19ncclDevKernelArgs4K"
 NCCL_AR_NAME = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgs4K)"
+NCCL_AG = "_Z31ncclDevKernel_AllGather_RING_LL19ncclDevKernelArgs4K"
 GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
 PEER_BASE = 0x7A0000000000       # where a rank maps its peers' signal buffers
 OWN_BASE = 0x7B0000000000        # this simulator's own allocations (GEMM weights, activations, AR)
@@ -59,6 +61,8 @@ class TPSim:
     one_device: bool = False         # every worker sees only its own GPU, as ordinal 0 (CUDA_VISIBLE_DEVICES per worker)
     devices: int | None = None       # GPUs the host lists (default device_base + tp)
     extra_pid: bool = True
+    edges: bool = False              # vLLM's vocab-parallel edges too: an NCCL all-reduce after the
+                                     # embedding, an NCCL all-gather of the logits after lm_head
     pid_base: int = 7100
     plant: Callable | None = None    # plant(rank, records) edits one rank's launch records
 
@@ -153,12 +157,13 @@ class _Rank:
                          _ptr_param(2, 16, self.acts, 512 * max(self.n["qkv"], self.n["gate_up"], self.cfg.hidden) * 2),
                          _int_param(3, 24, T), _int_param(4, 28, n), _int_param(5, 32, k)]
 
-    def collective(self, like: dict, T: int, decode: bool) -> dict:
+    def collective(self, like: dict, T: int, decode: bool, nccl_symbol: str | None = None) -> dict:
         rec = {**like, "params": None, "launch_attrs": {}, "graph": None, "layout": "kernel", "packing": "params"}
-        nccl = self.sim.collective == "nccl" or (self.sim.collective == "mixed" and not decode)
+        nccl = nccl_symbol or self.sim.collective == "nccl" or (self.sim.collective == "mixed" and not decode)
         numel = T * self.cfg.hidden
         if nccl:
-            rec.update(symbol=NCCL_AR, name=NCCL_AR_NAME, sha256=qwen3_sim.SHA["gemm"], api="cuLaunchKernelEx",
+            sym = nccl_symbol or NCCL_AR
+            rec.update(symbol=sym, name=NCCL_AR_NAME if sym == NCCL_AR else sym, sha256=qwen3_sim.SHA["gemm"], api="cuLaunchKernelEx",
                        grid=[2, 1, 1], block=[640, 1, 1])
             words = {0: self.comm[0], 8: 0x3, 16: 1, 24: self.work[0]}
             ptrs = [{"at": 0, "base": hex(self.comm[0]), "size": self.comm[1], "id": self.comm[2], "off": 0},
@@ -192,9 +197,13 @@ class _Rank:
             rec["dev"] = 0 if self.sim.one_device else self.sim.device_base + self.r
             rec["ctx"], rec["tid"] = hex(0xC000 + self.r), 100 + self.r
             out.append(rec)
+            if sym == qwen3_sim.SYM["embed"] and self.sim.edges:
+                out.append(dict(self.collective(rec, T, decode, NCCL_AR), t_ns=rec["t_ns"] + 2_000))
             g = gemm_of.get(sym)
             if g is None:
                 continue
+            if g == "lm_head" and self.sim.edges:
+                out.append(dict(self.collective(rec, T, decode, NCCL_AG), t_ns=rec["t_ns"] + 2_000))
             self.gemm(rec, g, layer if g != "lm_head" else -1, T)
             if g in ("o", "down"):
                 out.append(dict(self.collective(rec, T, decode), t_ns=rec["t_ns"] + 2_000))

@@ -146,7 +146,7 @@ def test_the_ranks_section_round_trips_and_one_process_json_has_none(tmp_path, o
     result, _ = _run(tmp_path, tp=2, layers=1)
     doc = document_with_ranks(result)
     obj = json.loads(json.dumps(doc.to_json()))
-    assert obj["ranks"]["version"] == 1 and list(obj)[-1] == "ranks"
+    assert obj["ranks"]["version"] == 1
     back = from_json(obj)
     assert back.ranks == doc.ranks and back.source.pid == result.doc.ranks[0].pid
     one = json.loads(offline_analysis_json.read_text())
@@ -176,3 +176,17 @@ def test_mine_analyze_reports_and_writes_the_ranks(tmp_path, capsys):
     # --pid picks one process: a one-process analysis, no ranks section
     code, out = _mine(capsys, "analyze", tmp_path / "d", "--pid", truth.pids[1], "--json", tmp_path / "b.json")
     assert code == 0 and "ranks:" not in out and "ranks" not in json.loads((tmp_path / "b.json").read_text())
+
+
+def test_vocab_parallel_edges_are_collectives_outside_the_layers(tmp_path):
+    result, truth = _run(tmp_path, tp=2, layers=2, edges=True)
+    doc = result.doc
+    assert doc.aligned
+    ops = sorted((c.library, c.op) for c in doc.collectives)
+    assert ops.count(("nccl", "all_gather")) == 1 and ops.count(("nccl", "all_reduce")) == 1
+    assert ops.count(("vllm_custom", "all_reduce")) == 2 * 2
+    sym_of = dict(zip(result.main.sites.index["site"].astype(str), result.main.sites.index["symbol"].astype(str)))
+    ag = next(c for c in doc.collectives if c.op == "all_gather")
+    assert sym_of[ag.after] == GEMM_SYM["lm_head"]
+    emb = next(c for c in doc.collectives if c.library == "nccl" and c.op == "all_reduce")
+    assert sym_of[emb.after] == SR.qwen3_sim.SYM["embed"]
