@@ -49,10 +49,10 @@ KNOBS: tuple[Knob, ...] = (
          "async pools, IPC) to allocs.jsonl, so mining classifies pointer words offline; combine with "
          "MINE_CAPTURE_CLASSIFY=0 to skip the per-launch driver lookups (docs/dump-format.md)",
          "bool"),
-    Knob("MINE_CAPTURE_COPY_LOG", "0",
+    Knob("MINE_CAPTURE_COPY_LOG", "1",
          "1 = write every host-to-device copy (cuMemcpyHtoD*, cudaMemcpy* from host memory, memcpy nodes) "
          "to copies.jsonl with the launch seq it precedes, its destination and size; 0 = no copy log "
-         "(docs/dump-format.md \"Copy log\"); off by default until its H200 check has run", "bool"),
+         "(docs/dump-format.md \"Copy log\")", "bool"),
     Knob("MINE_CAPTURE_COPY_BYTES", "4096",
          "a copy of at most this many bytes carries them in copies.jsonl (hex); 0 = no bytes; at most 65536",
          "uint"),

@@ -100,7 +100,7 @@ static void read_knobs(void) {
   mc_knobs.modules_only = env_u64("MINE_CAPTURE_MODULES_ONLY", 0) != 0;
   mc_knobs.host_bytes = (unsigned)env_u64("MINE_CAPTURE_HOST_BYTES", 64);
   if (mc_knobs.host_bytes > 4096) mc_knobs.host_bytes = 4096;
-  mc_knobs.copy_log = env_u64("MINE_CAPTURE_COPY_LOG", 0) != 0 && !mc_knobs.modules_only;
+  mc_knobs.copy_log = env_u64("MINE_CAPTURE_COPY_LOG", 1) != 0 && !mc_knobs.modules_only;
   uint64_t copy_bytes = env_u64("MINE_CAPTURE_COPY_BYTES", 4096);
   mc_knobs.copy_bytes = copy_bytes > 65536 ? 65536 : (unsigned)copy_bytes;
   const char *w = getenv("MINE_CAPTURE_WRITER"); /* default write: see docs/benchmarks.md */

@@ -59,7 +59,7 @@ static const char *const file_names[MC_F_COUNT] = {"launches.jsonl", "modules.js
 static const int file_seq[MC_F_COUNT] = {1, 0, 0, 1, 0, 0, 1};   /* records carry seq */
 static const int file_hot[MC_F_COUNT] = {1, 0, 1, 0, 0, 0, 1};   /* mmap writer when chosen */
 /* allocs.jsonl exists only with MINE_CAPTURE_ALLOC_LOG=1, functions.jsonl only with
- * MINE_CAPTURE_COMPACT=1, copies.jsonl only with MINE_CAPTURE_COPY_LOG=1 (their descriptors stay -1
+ * MINE_CAPTURE_COMPACT=1, copies.jsonl unless MINE_CAPTURE_COPY_LOG=0 (their descriptors stay -1
  * otherwise). */
 static const char *file_name(int f) {
   return f == MC_F_LAUNCHES && mc_knobs.bin ? "launches.bin" : file_names[f];
