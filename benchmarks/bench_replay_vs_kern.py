@@ -1,7 +1,7 @@
 """The replayed kernels of a decode forward against the same manifest's decode step on kern, one GPU,
 one run (issue 12's timing half).
 
-    python3 benchmarks/bench_replay_vs_kern.py DUMP MANIFEST_DIR CHECKPOINT_DIR OUT_JSON [--context 240]
+    python3 benchmarks/bench_replay_vs_kern.py DUMP MANIFEST_DIR CHECKPOINT_DIR OUT_JSON [--context 240] [--combine]
 
 1. `mine replay`'s machinery on DUMP's first serving decode forward: every launch with a cubin run
    alone (L2 flushed, CUDA events) and 20 times back to back in one CUDA graph (L2 warm), next to the
@@ -70,13 +70,23 @@ def part_kern(mdir: str, ckpt: str, context: int, out: Path) -> None:
 
 
 def family(name: str) -> str:
-    """A kernel's name as both sides print it, shortened to what identifies it."""
-    n = name.split("(")[0]
+    """A kernel's name as both sides print it (a mangled symbol, a demangled signature), shortened
+    to what identifies it."""
     for key in ("fused_add_rms_norm", "rms_norm", "act_and_mul", "rotary_embedding", "reshape_and_cache",
-                "kernel_unified_attention", "reduce_segments", "nvjet", "cublas", "gemv", "gemm", "argmax"):
-        if key in n:
+                "kernel_unified_attention", "reduce_segments", "splitKreduce", "nvjet", "argmax", "embed"):
+        if key in name:
             return key
-    return n[:40]
+    return name.split("(")[0][:40]
+
+
+def weight_bytes(mdir: Path) -> int:
+    """Bytes of the manifest's weight buffers (static shapes): what one decode step streams at least."""
+    import math
+
+    m = json.loads(next(Path(mdir).glob("*.json")).read_text())
+    size = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "f8e4m3": 1}
+    return sum(math.prod(b["shape"]) * size.get(b["dtype"], 2) for b in m["buffers"].values()
+               if b.get("kind") == "weight" and all(isinstance(x, int) for x in b["shape"]))
 
 
 def main() -> None:
@@ -88,9 +98,11 @@ def main() -> None:
     context = int(sys.argv[sys.argv.index("--context") + 1]) if "--context" in sys.argv else 240
     out = Path(out_json)
     rj, kj = out.with_suffix(".replay.json"), out.with_suffix(".kern.json")
-    subprocess.run([sys.executable, __file__, "--part-replay", dump, str(rj)], check=True)
-    subprocess.run([sys.executable, __file__, "--part-kern", mdir, ckpt, str(context), str(kj)], check=True)
+    if "--combine" not in sys.argv:    # --combine: the two parts' JSON from an earlier run, again
+        subprocess.run([sys.executable, __file__, "--part-replay", dump, str(rj)], check=True)
+        subprocess.run([sys.executable, __file__, "--part-kern", mdir, ckpt, str(context), str(kj)], check=True)
     rep, kern = json.loads(rj.read_text()), json.loads(kj.read_text())
+    wbytes = weight_bytes(Path(mdir))
     rows: dict[str, dict] = defaultdict(lambda: {"replayed": 0, "alone_us": 0.0, "graph_us": 0.0,
                                                  "written": 0, "kern_launches": 0.0, "kern_us": 0.0})
     for r in rep["results"]:
@@ -112,7 +124,9 @@ def main() -> None:
                        "graph_us": sum(x["graph_us"] for x in rows.values()),
                        "kern_us_same_families": sum(x["kern_us"] for x in rows.values() if x["replayed"]),
                        "kern_busy_us": kern["busy_us_per_step"], "kern_step_us": kern["decode_step_us"],
-                       "write_floor_us": sum(x["written"] for x in rows.values()) / c["copy_bytes_s"] * 1e6}}
+                       "write_floor_us": sum(x["written"] for x in rows.values()) / c["copy_bytes_s"] * 1e6,
+                       "weight_bytes": wbytes, "weights_floor_us": wbytes / c["copy_bytes_s"] * 1e6,
+                       "kern_gemm_us": sum(x["kern_us"] for k, x in rows.items() if k in ("nvjet", "splitKreduce"))}}
     out.write_text(json.dumps(report, indent=1))
     print(f"ceilings: copy {c['copy_bytes_s'] / 1e9:,.0f} GB/s, bf16 GEMM "
           f"{(c['gemm_flop_s'] or 0) / 1e12:,.0f} TFLOP/s {c['note']}")
@@ -124,6 +138,9 @@ def main() -> None:
     print(f"sums: {s['replayed']} replayed, alone {s['alone_us']:.1f} us, in graphs {s['graph_us']:.1f} us; kern: the "
           f"same kernels {s['kern_us_same_families']:.1f} us a step, GPU busy {s['kern_busy_us']:.1f} us, "
           f"step {s['kern_step_us']:.1f} us (context {kern['context']})")
+    print(f"floor: the manifest's {wbytes / 1e9:.3f} GB of weights streamed once at the copy ceiling: "
+          f"{s['weights_floor_us']:.1f} us; kern's GEMMs take {s['kern_gemm_us']:.1f} us "
+          f"({s['kern_gemm_us'] / s['weights_floor_us']:.2f}x), its step {s['kern_step_us'] / s['weights_floor_us']:.2f}x")
 
 
 if __name__ == "__main__":
