@@ -27,6 +27,7 @@ from mining import fit as F
 from vocab.analysis import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
 from mining import pointers as P
 from mining import sites as S
+from mining import structs as ST
 from mining.load import Dump
 from mining.forwards import find_forwards, tag_phases
 from mining.passes import Passes, split_passes
@@ -50,6 +51,7 @@ class Analysis:
     variables: list[str]
     notes: list[str] = field(default_factory=list)
     views: pd.DataFrame = field(default_factory=pd.DataFrame)
+    structs: pd.DataFrame = field(default_factory=pd.DataFrame)   # struct parameters' words (structs.py)
 
     @property
     def forwards(self) -> pd.DataFrame:
@@ -217,9 +219,12 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     words = P.pointer_words(dump.params, sites.table)
     ptrs, strides = P.classify(words, sites.index)
     views = P.views(words)
-    fits = _fit_table(dump, sites, _Fitter(env, holdout)) if ref.symbol else pd.DataFrame()
+    fitter = _Fitter(env, holdout) if ref.symbol else None
+    fits = _fit_table(dump, sites, fitter) if fitter else pd.DataFrame()
+    structs = ST.classify(ST.struct_words(dump.params), dump.params, dump.launches, sites.table, sites.index,
+                          ptrs, fitter)
     return Analysis(dump, passes, sites, ref, layers, ptrs, strides, P.logical_buffers(ptrs), fits,
-                    _no_layout(dump), holdout, variables, notes, views)
+                    _no_layout(dump), holdout, variables, notes, views, structs)
 
 
 def _plain(v):
@@ -350,6 +355,7 @@ def document(a: Analysis) -> C.AnalysisDoc:
         damage=[C.FileDamage(r.file, r.read, r.skipped,
                              [C.SkippedRange(x.start, x.end, x.reason, x.records) for x in r.ranges],
                              r.ranges_left_out) for r in a.dump.damage],
+        structs=ST.document(a.structs),
     )
 
 

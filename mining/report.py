@@ -21,9 +21,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mining import structs
 from vocab.errors import UsageError
 
-SECTIONS = ("forwards", "layers", "strides", "pointers", "fits", "failures", "partial", "layout", "names")
+SECTIONS = ("forwards", "layers", "strides", "pointers", "structs", "fits", "failures", "partial", "layout",
+            "names")
 DEFAULT = ("forwards", "layers")
 # kernel families whose many tile/variant kernels read as one name (GEMM libraries)
 FAMILIES = ((re.compile(r"^nvjet_"), "nvjet"), (re.compile(r"^sm\d+_xmma_gemm"), "xmma_gemm"),
@@ -409,6 +411,12 @@ def render(a, console: Console | None = None, sections=None, full: bool = False,
         _table(c, "Pointer roles", pr, limit)
     elif not pr.empty:
         c.print("pointer roles (words): " + ", ".join(f"{r} {w:,}" for r, w in zip(pr["role"], pr["words"])))
+    if len(a.structs):
+        if "structs" in show:
+            _table(c, "Struct parameters word by word (layer 0 and outside the layers; all in --json)",
+                   structs.report_rows(a.structs, sn), limit, wide=("kernel", "words"))
+        else:
+            c.print(structs.summary(a.structs))
     if len(a.views):
         many = a.views.groupby("view").size()
         c.print(f"buffer views: {len(many)} groups of pointer words in one allocation at constant "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from vocab.errors import MineError
 from vocab.ranks import RANKS_VERSION, Ranks  # noqa: F401  (the `ranks` section)
+from vocab.structs import STRUCTS_VERSION, Structs  # noqa: F401  (the `structs` section)
 
 ANALYSIS_SCHEMA_VERSION = 3
 SITE_SEP = "#"             # a call site is named symbol + SITE_SEP + occurrence in its forward
@@ -299,6 +300,8 @@ class AnalysisDoc:
     # multi-rank dumps only (mining/ranks.py); absent from the JSON otherwise, so a one-process
     # analysis is what it was before the section existed
     ranks: Ranks | None = field(default=None, metadata={"absent_when_none": True})
+    # by-value struct parameters word by word (mining/structs.py); absent when the dump has none
+    structs: Structs | None = field(default=None, metadata={"absent_when_none": True})
 
     def to_json(self) -> dict:
         return _dump(self)

@@ -1,0 +1,74 @@
+"""Write an SGLang capture's truth file and the kernel events of the profiler trace to compare it with.
+
+    python3 truth.py WORK MODE PREFIX
+
+WORK is capture.sh's folder: model/config.json, run.json (the captured run, run_serve.py's record)
+and, when it ran, profile-run.json (the same server without the capture, under the torch
+profiler). Writes PREFIX.truth.json -- what the program asked the engine to do, as the vLLM suite's
+truth files say it (engine, mode, geometry, config, requests) plus SGLang's CUDA-graph config as the
+server reported it, the capture's window (CLOCK_MONOTONIC ns around the requests) and where the
+profile came from -- and PREFIX.profile.json.gz, the kernel events of the trace that has them: the
+captured process's own when kineto recorded GPU activity there (`same_process`), else the second
+run's (`second_run`). Prints one line per file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GEOMETRY_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def _trace_kernels(run: dict) -> tuple[str | None, int]:
+    from mining.completeness import TraceError, read_trace
+
+    path = (run.get("profile") or {}).get("file")
+    if not path or not Path(path).is_file():
+        return None, 0
+    try:
+        return path, len(read_trace(path))
+    except TraceError:
+        return path, 0
+
+
+def build(work: Path, mode: str) -> tuple[dict, str | None]:
+    """(truth, the trace file to reduce) for capture.sh's folder."""
+    run = json.loads((work / "run.json").read_text())
+    cfg = json.loads((work / "model" / "config.json").read_text())
+    info = run.get("server_info") or {}
+    same, n_same = _trace_kernels(run)
+    second, n_second = (None, 0)
+    if (work / "profile-run.json").is_file():
+        second, n_second = _trace_kernels(json.loads((work / "profile-run.json").read_text()))
+    source, trace = (("same_process", same) if n_same else ("second_run", second) if n_second else ("none", None))
+    truth = {
+        "engine": f"sglang {info.get('version', '?')} (HTTP server, /generate with input_ids)",
+        "mode": mode,
+        "geometry": {k: cfg[k] for k in GEOMETRY_KEYS if k in cfg},
+        "config": cfg,
+        "requests": [{"prompt": r["prompt"], "output": r["output"]} for r in run["requests"]],
+        "cuda_graph_config": info.get("cuda_graph_config"),
+        "server_args": run.get("server_args"),
+        "window": run.get("window"),
+        "profile": {"source": source, "kernels_same_process": n_same, "kernels_second_run": n_second},
+    }
+    return truth, trace
+
+
+def main() -> None:
+    work, mode, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    truth, trace = build(work, mode)
+    Path(f"{prefix}.truth.json").write_text(json.dumps(truth, indent=1))
+    print(f"{prefix}.truth.json: {len(truth['requests'])} requests, profile {truth['profile']}")
+    if trace:
+        from mining.completeness import reduce_trace
+
+        n = reduce_trace(trace, f"{prefix}.profile.json.gz")
+        print(f"{prefix}.profile.json.gz: {n} kernel events from {truth['profile']['source']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""examples/sglang_qwen3/run_serve.py against a fake SGLang server (no GPU, no SGLang).
+
+The fake speaks the endpoints the client uses the way SGLang 0.5.17 does (/health 503 while it
+starts, /server_info, POST /generate with input_ids -> output_ids, /start_profile and
+/stop_profile writing `<profile_id>-TP-0.trace.json.gz` into the asked folder) and exits on SIGTERM
+after a delay, as SGLang's drain does; a stubborn variant ignores SIGTERM and must be killed, with
+a child process of its own in its group. What is checked is the client: every prompt sent once,
+in order, as token ids modulo the vocabulary; the window brackets the requests on the monotonic
+clock; the trace is found; the shutdown is clean or, when it cannot be, forced and said so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paths import ROOT
+
+EXAMPLE = ROOT / "examples" / "sglang_qwen3"
+sys.path.insert(0, str(ROOT / "examples" / "vllm_qwen3"))
+from prompts import MAX_NEW_TOKENS, prompts  # noqa: E402
+
+FAKE = r'''
+import gzip, json, os, signal, subprocess, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+stubborn = os.environ.get("FAKE_STUBBORN") == "1"
+log = open(os.environ["FAKE_LOG"], "a")
+polls = {"n": 0}
+state = {"profile": None}
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, code, obj):
+        data = json.dumps(obj).encode() if obj is not None else b""
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(n) or b"{}")
+    def do_GET(self):
+        if self.path == "/health":
+            polls["n"] += 1
+            return self.reply(503 if polls["n"] < 3 else 200, None)
+        if self.path == "/server_info":
+            return self.reply(200, {"version": "0.0-fake", "internal_states": [{"x": 1}],
+                                    "cuda_graph_config": {"decode": {"backend": "full", "bs": [1, 2, 4]}}})
+        self.reply(404, {"error": self.path})
+    def do_POST(self):
+        b = self.body()
+        log.write(json.dumps({"path": self.path, "body": b, "t": time.monotonic_ns()}) + "\n"); log.flush()
+        if self.path == "/generate":
+            ids = b["input_ids"]
+            n = b["sampling_params"]["max_new_tokens"]
+            return self.reply(200, {"output_ids": [(sum(ids) + k) % 97 for k in range(n)], "meta_info": {}})
+        if self.path == "/start_profile":
+            state["profile"] = b
+            return self.reply(200, None)
+        if self.path == "/stop_profile":
+            p = state["profile"]
+            ev = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1,
+                   "args": {"grid": [1, 1, 1], "block": [32, 1, 1]}}]
+            path = os.path.join(p["output_dir"], p["profile_id"] + "-TP-0.trace.json.gz")
+            with open(path, "wb") as f:
+                f.write(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+            return self.reply(200, None)
+        self.reply(404, {"error": self.path})
+
+srv = ThreadingHTTPServer(("127.0.0.1", port), H)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) if stubborn else None
+
+def term(*_):
+    if stubborn:
+        return
+    log.write(json.dumps({"path": "SIGTERM", "args": args}) + "\n"); log.flush()
+    threading.Thread(target=lambda: (time.sleep(0.3), srv.shutdown())).start()
+
+signal.signal(signal.SIGTERM, term)
+time.sleep(0.5)
+srv.serve_forever()
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(tmp_path, *extra, stubborn=False, vocab=1000):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    (tmp_path / "fake_sglang.py").write_text(FAKE)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               FAKE_LOG=str(tmp_path / "fake.log"), FAKE_STUBBORN="1" if stubborn else "0")
+    out = tmp_path / "run.json"
+    t0 = time.monotonic_ns()
+    p = subprocess.run([sys.executable, str(EXAMPLE / "run_serve.py"), str(model), str(out), "--server-module",
+                        "fake_sglang", "--port", str(free_port()), "--startup-timeout", "20", "--settle", "0.05",
+                        *extra], env=env, capture_output=True, text=True, timeout=60)
+    rec = json.loads(out.read_text())
+    log = [json.loads(x) for x in (tmp_path / "fake.log").read_text().splitlines()]
+    return p, rec, log, t0
+
+
+def test_prompts_answered_in_order_and_bracketed(tmp_path):
+    p, rec, log, t0 = run(tmp_path, "--profile-dir", str(tmp_path / "prof"), vocab=1000)
+    assert p.returncode == 0, p.stderr
+    want = [[x % 1000 for x in q] for q in prompts()]
+    gens = [x for x in log if x["path"] == "/generate"]
+    assert [g["body"]["input_ids"] for g in gens] == want
+    assert all(g["body"]["sampling_params"] == {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0,
+                                                "ignore_eos": True} for g in gens)
+    assert [r["prompt"] for r in rec["requests"]] == want
+    assert all(len(r["output"]) == MAX_NEW_TOKENS for r in rec["requests"])
+    # the window holds every request and lies inside the profiled stretch
+    w = rec["window"]
+    start = next(x["t"] for x in log if x["path"] == "/start_profile")
+    stop = next(x["t"] for x in log if x["path"] == "/stop_profile")
+    assert t0 < start < w["start_ns"] < min(g["t"] for g in gens) <= max(g["t"] for g in gens) < w["end_ns"] < stop
+    assert rec["profile"]["file"].endswith("mine-TP-0.trace.json.gz")
+    assert rec["profile"]["start"]["status"] == 200
+    # the server got the documented flags, eager by default; server_info kept, internal_states dropped
+    assert "--disable-cuda-graph" in rec["server_args"] and "--skip-tokenizer-init" in rec["server_args"]
+    assert rec["server_info"]["cuda_graph_config"]["decode"]["bs"] == [1, 2, 4]
+    assert "internal_states" not in rec["server_info"]
+    assert rec["shutdown"]["forced"] is False and rec["shutdown"]["rc"] == 0
+    assert any(x["path"] == "SIGTERM" for x in log)
+
+
+def test_graph_mode_flags_and_no_profile(tmp_path):
+    p, rec, log, _ = run(tmp_path, "--mode", "graph", "--graph-args", "--cuda-graph-max-bs 2")
+    assert p.returncode == 0, p.stderr
+    args = rec["server_args"]
+    assert "--disable-cuda-graph" not in args and args[-2:] == ["--cuda-graph-max-bs", "2"]
+    assert "profile" not in rec and not any(x["path"].endswith("_profile") for x in log)
+
+
+def test_stubborn_server_is_killed_and_said_so(tmp_path):
+    p, rec, log, _ = run(tmp_path, "--stop-timeout", "1.5", stubborn=True)
+    assert p.returncode == 0, p.stderr        # every prompt was answered; the kill is reported
+    sd = rec["shutdown"]
+    assert sd["forced"] is True and sd["rc"] == -9 and sd["seconds"] < 10
+
+
+def test_a_server_that_never_comes_up_is_one_sentence(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"vocab_size": 10}))
+    (tmp_path / "dead_sglang.py").write_text("import sys; sys.exit(3)\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = tmp_path / "run.json"
+    p = subprocess.run([sys.executable, str(EXAMPLE / "run_serve.py"), str(tmp_path / "model"), str(out),
+                        "--server-module", "dead_sglang", "--port", str(free_port())],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "exited with code 3 before it was up" in p.stderr
+    assert json.loads(out.read_text())["error"].startswith("the server exited with code 3")
+
+
+@pytest.mark.parametrize("script", ["capture.sh", "device_run.sh"])
+def test_scripts_parse(script):
+    assert subprocess.run(["bash", "-n", str(EXAMPLE / script)]).returncode == 0
