@@ -11,9 +11,11 @@ analyze` (docs/ranks.md): pure functions over the per-rank dumps and their one-p
   two or more are. Other processes (an API server, a tokenizer) are left out.
 - Their order: meta.json `env` RANK, else LOCAL_RANK (both distinct on every rank), else the device
   ordinal their launches ran on (distinct), else the pid, with a note.
-- Step alignment: forward k of every rank must run the same call sites, in the same order, as
-  rank 0's forward k (its tokens too); every difference is a `StepMismatch` (rank, forward, the
-  position where the sequences part, both sites).
+- Step alignment: each rank-0 forward is paired with the other rank's forward that ran at the same
+  time (`pair_forwards`), and must run the same call sites, in the same order, at the same tokens;
+  every difference is a `StepMismatch` (rank, forward, the position where the sequences part, both
+  sites); a rank-0 forward with no partner is compared kernel by kernel with the other rank's
+  launches between its neighbours' partners.
 - Collectives: rank 0's collective call sites, each placed between the call sites around it.
 - Shards: per call site that reads stable memory (a pointer role weight, kv_pool or
   persistent: weights, the KV pool, tables), each grid axis and integer parameter that fits a
@@ -21,8 +23,8 @@ analyze` (docs/ranks.md): pure functions over the per-rank dumps and their one-p
   every such field that differs between ranks (`rank_index` when it is the rank's own index).
 - Peer words: pointer words that land in peer memory, per (site, param, word), with the ranks
   where they did.
-Not done: ranks of different models (pipeline stages); forwards lined up by time rather than by
-number (an engine whose ranks skip different warm-up passes reads as mismatched, with the reason).
+Not done: ranks of different models (pipeline stages: each would read as mismatched, with the
+reason); ranks on several hosts (their monotonic clocks differ, so forwards would not pair).
 """
 
 from __future__ import annotations
@@ -97,9 +99,21 @@ def _ran_collective(pid_dir: Path) -> bool | None:
                 return True
         return False
     f = _launch_file(pid_dir)
-    if f is not None and f.name == "launches.jsonl" and not _MARKERS.search(f.read_bytes()):
+    if f is not None and f.name == "launches.jsonl" and not _file_has_marker(f):
         return False
     return None
+
+
+def _file_has_marker(f: Path, chunk: int = 16 << 20) -> bool:
+    """Whether a collective's marker appears in the file, read in chunks (a launches file can be
+    gigabytes; the chunks overlap by more than a marker's length)."""
+    with open(f, "rb") as fh:
+        tail = b""
+        while block := fh.read(chunk):
+            if _MARKERS.search(tail + block):
+                return True
+            tail = block[-64:]
+    return False
 
 
 def rank_folders(folder: Path, cache: bool = True, cache_dir=None) -> list[Path]:
