@@ -8,7 +8,10 @@ every process that initializes CUDA gets its own `pid<N>/` folder and the schedu
 model's launches. The prompts (../vllm_qwen3/prompts.py, ids taken modulo the checkpoint's
 vocabulary) go one at a time through POST /generate with token ids, greedy, a fixed number of new
 tokens (EOS ignored), so batching is deterministic: the same command run twice launches the same
-kernels in the same order.
+kernels in the same order. Overlap scheduling is off: with it the scheduler launches the next step
+before it has processed the last one's results, so a step may run for a request that has just
+finished; without it a request's forwards are exactly its prefill and its decode steps, which is
+what the truth file says.
 
 `--mode eager` adds --disable-cuda-graph; `graph` keeps SGLang's CUDA graphs (decode graphs per
 batch size, breakable prefill graphs per token count) with `--graph-args` keeping them few.
@@ -44,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vllm_qwen3"))
 from prompts import MAX_NEW_TOKENS, prompts  # noqa: E402
 
 SERVER_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-               "--skip-tokenizer-init", "--mem-fraction-static", "0.3", "--random-seed", "0"]
+               "--skip-tokenizer-init", "--mem-fraction-static", "0.3", "--random-seed", "0",
+               "--disable-overlap-schedule"]
 GRAPH_ARGS = "--cuda-graph-max-bs 4 --cuda-graph-max-bs-prefill 256"
 SERVER_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false", "SGLANG_PROFILE_WITH_STACK": "false",
               "SGLANG_PROFILE_RECORD_SHAPES": "false", "PYTHONUNBUFFERED": "1"}
