@@ -115,9 +115,25 @@ def _pid_dirs(folder: Path) -> list[Path]:
 
 def _launch_count_hint(pid_dir: Path) -> int:
     """How much a process launched, comparable across processes: the size of its launches file
-    (a killed process has no counters, so counts and sizes must not be mixed)."""
+    without the zeros the mmap writer granted ahead and a process that ended by _exit (no exit
+    handler) left in place (a killed process has no counters, so counts and sizes must not be mixed)."""
     f = _launch_file(pid_dir)
-    return f.stat().st_size if f else -1
+    if f is None:
+        return -1
+    size = f.stat().st_size
+    if f.suffix not in (".jsonl", ".bin"):
+        return size                        # compressed: no preallocated tail
+    block = 1 << 16
+    with f.open("rb") as fh:
+        end = size
+        while end > 0:
+            lo = max(0, end - block)
+            fh.seek(lo)
+            chunk = fh.read(end - lo).rstrip(b"\0")
+            if chunk:
+                return lo + len(chunk)
+            end = lo
+    return 0
 
 
 def resolve(path: str | os.PathLike, pid: int | None = None, cache: bool = True,
