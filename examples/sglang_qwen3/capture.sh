@@ -5,7 +5,8 @@
 #
 #   examples/sglang_qwen3/capture.sh OUT_DIR [eager|graph]
 #
-# 1. writes OUT_DIR/model with ../vllm_qwen3/make_checkpoint.py and the checkpoint flags of GEOMETRY,
+# 1. writes OUT_DIR/model (or MODEL_DIR, where it is kept when already there) with
+#    ../vllm_qwen3/make_checkpoint.py and the checkpoint flags of GEOMETRY,
 #    a row of examples/truth_suite/suite.txt (default q3d: 3 layers, hidden 1024, 16/8 heads, vocab
 #    32000, the checkpoint the vLLM server capture q3ds served), or 0.6b for Qwen3-0.6B's geometry;
 # 2. captures `python -m sglang.launch_server` under `mine capture` (its library; OUT_DIR/dump): run_serve.py sends
@@ -46,10 +47,11 @@ if [ "$geometry" = 0.6b ]; then flags=""; else
   flags=$(grep "^$geometry|" "$repo/examples/truth_suite/suite.txt" | cut -d'|' -f2)
   [ -n "$flags" ] || { echo "capture.sh: GEOMETRY=$geometry is no row of examples/truth_suite/suite.txt" >&2; exit 2; }
 fi
-if [ ! -f "$out/model/config.json" ]; then
-  stamp "checkpoint ($geometry) -> $out/model"
+model=${MODEL_DIR:-$out/model}
+if [ ! -f "$model/config.json" ]; then
+  stamp "checkpoint ($geometry) -> $model"
   # shellcheck disable=SC2086
-  python3 "$repo/examples/vllm_qwen3/make_checkpoint.py" "$out/model" $flags > "$out/checkpoint.log" 2>&1 \
+  python3 "$repo/examples/vllm_qwen3/make_checkpoint.py" "$model" $flags > "$out/checkpoint.log" 2>&1 \
     || { echo "capture.sh: the checkpoint failed:" >&2; tail -5 "$out/checkpoint.log" >&2; exit 1; }
 fi
 if [ -n "${KIT:-}" ]; then
@@ -82,8 +84,8 @@ reap() {   # reap PIDFILE: a server left behind by a killed run_serve.py (its pr
 rm -rf "$out/dump" "$out/prof-inproc"
 stamp "capture run ($mode) -> $out/dump"
 t=$(budget 90)
-[ "$t" -gt 60 ] || { echo "capture.sh: no time left for the capture run ($t s)" >&2; exit 1; }
-( cd "$here" && timeout -k 30 "$t" "${cap[@]}" python3 run_serve.py "$out/model" "$out/run.json" \
+[ "$t" -gt 30 ] || { echo "capture.sh: no time left for the capture run ($t s)" >&2; exit 1; }
+( cd "$here" && timeout -k 30 "$t" "${cap[@]}" python3 run_serve.py "$model" "$out/run.json" \
     "${serve_flags[@]}" --port 30011 --profile-dir "$out/prof-inproc" --log "$out/server.log" \
     --pidfile "$out/server.pid" ) > "$out/capture.log" 2>&1
 rc=$?
@@ -91,12 +93,12 @@ reap "$out/server.pid"
 stamp "capture run rc=$rc"; tail -4 "$out/capture.log"
 
 t=$(budget 60)
-if [ "${PROFILE_RUN:-1}" = 1 ] && [ "$t" -lt "${PROFILE_MIN_S:-150}" ]; then
+if [ "${PROFILE_RUN:-1}" = 1 ] && [ "$t" -lt "${PROFILE_MIN_S:-150}" ] && [ "$t" -lt "$run_timeout" ]; then
   stamp "profile run skipped: $t s left (PROFILE_MIN_S ${PROFILE_MIN_S:-150})"
 elif [ "${PROFILE_RUN:-1}" = 1 ]; then
   rm -rf "$out/profile"
   stamp "profile run ($mode, no capture) -> $out/profile"
-  ( cd "$here" && timeout -k 30 "$t" python3 run_serve.py "$out/model" "$out/profile-run.json" \
+  ( cd "$here" && timeout -k 30 "$t" python3 run_serve.py "$model" "$out/profile-run.json" \
       "${serve_flags[@]}" --port 30012 --profile-dir "$out/profile" --log "$out/server-profile.log" \
       --pidfile "$out/server-profile.pid" ) > "$out/profile.log" 2>&1
   prc=$?
@@ -106,7 +108,7 @@ fi
 
 if [ -d "$out/dump" ]; then
   stamp "truth and trace -> $out/sglang_$mode.*"
-  python3 "$here/truth.py" "$out" "$mode" "$out/sglang_$mode" || echo "capture.sh: truth.py failed" >&2
+  python3 "$here/truth.py" "$out" "$mode" "$out/sglang_$mode" "$model" || echo "capture.sh: truth.py failed" >&2
   python3 -m capture.pack_fixture "$out/dump" "$out/sglang_$mode.tar.xz" --max-launches 100000000 \
       --max-cubin-bytes "${MAX_CUBIN_BYTES:-6000000}" | tail -1
   if [ -f "$out/sglang_$mode.tar.xz" ] && [ "$(stat -c %s "$out/sglang_$mode.tar.xz")" -gt 8000000 ]; then

@@ -15,6 +15,7 @@
 #   OUT/sglang_MODE-fixture.tar  sglang_MODE.{tar.xz,truth.json,profile.json.gz}: unpack into
 #                                tests/fixtures/sglang/ (see tests/mining/test_sglang_truth.py)
 #   OUT/sglang_MODE-logs.tar.xz  run JSONs, capture/server/profile logs, check.json, build log
+# The checkpoint (WORK/model) is written once and served in every mode.
 #   OUT/summary.txt              what this script printed
 # A failing step prints what happened and the script goes on to the next; logs are always packed.
 set -uo pipefail
@@ -31,7 +32,7 @@ work=${WORK:-/tmp/sglang-issue21}
 mkdir -p "$work/logs"
 left() { echo $(( DEADLINE_EPOCH - $(date +%s) )); }
 stamp() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - t0 ))s] $*"; }
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 KIT="$kit"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 KIT="$kit" MODEL_DIR="$work/model"
 
 pack() {   # pack MODE: the fixture files and the logs of one mode into OUT
   local m=$1 w="$work/$1"
@@ -80,7 +81,8 @@ for m in "${modes[@]}"; do
   stamp "$m: capture.sh rc=$?"
   if [ -f "$work/$m/sglang_$m.tar.xz" ] && [ -f "$work/$m/sglang_$m.truth.json" ]; then
     stamp "$m: check"
-    timeout 150 python3 examples/sglang_qwen3/check.py "$work/$m/sglang_$m" --json "$work/$m/check.json" \
+    t=$(( $(left) - 15 )); [ "$t" -gt 150 ] && t=150; [ "$t" -lt 10 ] && t=10
+    timeout "$t" python3 examples/sglang_qwen3/check.py "$work/$m/sglang_$m" --json "$work/$m/check.json" \
       || echo "$m: check.py failed (rc $?)"
   else
     echo "$m: no fixture to check; the run's records:"

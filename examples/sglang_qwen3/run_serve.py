@@ -19,9 +19,11 @@ batch size, breakable prefill graphs per token count) with `--graph-args` keepin
 (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false), so polling it adds no forward.
 
 `--profile-dir DIR`: SGLang's torch profiler traces the prompts (POST /start_profile before them,
-/stop_profile after; GPU activity only, no stacks or shapes); its chrome trace lands in DIR. The
-window between the two, in CLOCK_MONOTONIC ns (the capture's `t_ns` clock), is written to
-OUT_JSON (`window`), so a capture of the same run can be cut to it.
+/stop_profile after; GPU activity only, no stacks or shapes); its chrome trace lands in DIR.
+OUT_JSON's `window` (CLOCK_MONOTONIC ns, the capture's `t_ns` clock) runs from before the start
+request to after the stop answer, around the profiled stretch (or around the prompts without
+--profile-dir), so a capture of the same run can be cut to what the profiler saw; each request
+also records when it was sent and answered.
 
 Shutdown: SIGTERM to the server; its tokenizer manager drains and sends the scheduler a
 ShutdownReq, the scheduler leaves its loop and exits normally, so a capture library in it writes
@@ -158,25 +160,26 @@ def serve(args, rec: dict) -> None:
         if isinstance(info, dict):
             info.pop("internal_states", None)
         rec["server_info"] = info if status == 200 else {"status": status, "answer": info}
+        rec["window"] = {"clock": "CLOCK_MONOTONIC", "start_ns": time.monotonic_ns()}
         if args.profile_dir:
             status, ans = http(f"{base}/start_profile", {"output_dir": env["SGLANG_TORCH_PROFILER_DIR"],
                                                            "activities": ["GPU"], "with_stack": False,
                                                            "record_shapes": False, "profile_id": PROFILE_ID})
             rec["profile"] = {"start": {"status": status, "answer": ans}}
-        rec["window"] = {"clock": "CLOCK_MONOTONIC", "start_ns": time.monotonic_ns()}
         for ids in [[x % vocab for x in p] for p in prompts()]:
-            t = time.time()
+            t, t_ns = time.time(), time.monotonic_ns()
             status, ans = http(f"{base}/generate", {"input_ids": ids, "sampling_params": {
                 "max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}})
             out = ans.get("output_ids") if status == 200 and isinstance(ans, dict) else None
             rec["requests"].append({"prompt": ids, "output": out, "seconds": round(time.time() - t, 3),
+                                    "sent_ns": t_ns, "answered_ns": time.monotonic_ns(),
                                     **({} if out is not None else {"status": status, "answer": str(ans)[:500]})})
         time.sleep(args.settle)                  # what the last request left running finishes
-        rec["window"]["end_ns"] = time.monotonic_ns()
         if args.profile_dir:
             status, ans = http(f"{base}/stop_profile", {}, timeout=180)
             rec["profile"]["stop"] = {"status": status, "answer": ans}
             rec["profile"]["file"] = find_trace(Path(env["SGLANG_TORCH_PROFILER_DIR"]))
+        rec["window"]["end_ns"] = time.monotonic_ns()
     finally:
         rec["shutdown"] = stop(server, args.stop_timeout)
         if log:

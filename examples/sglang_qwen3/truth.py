@@ -1,8 +1,8 @@
 """Write an SGLang capture's truth file and the kernel events of the profiler trace to compare it with.
 
-    python3 truth.py WORK MODE PREFIX
+    python3 truth.py WORK MODE PREFIX [MODEL_DIR]
 
-WORK is capture.sh's folder: model/config.json, run.json (the captured run, run_serve.py's record)
+WORK is capture.sh's folder: run.json (the captured run, run_serve.py's record)
 and, when it ran, profile-run.json (the same server without the capture, under the torch
 profiler). Writes PREFIX.truth.json -- what the program asked the engine to do, as the vLLM suite's
 truth files say it (engine, mode, geometry, config, requests) plus SGLang's CUDA-graph config as the
@@ -34,10 +34,11 @@ def _trace_kernels(run: dict) -> tuple[str | None, int]:
         return path, 0
 
 
-def build(work: Path, mode: str) -> tuple[dict, str | None]:
-    """(truth, the trace file to reduce) for capture.sh's folder."""
+def build(work: Path, mode: str, model: Path | None = None) -> tuple[dict, str | None]:
+    """(truth, the trace file to reduce) for capture.sh's folder (the checkpoint in WORK/model
+    unless `model` names it)."""
     run = json.loads((work / "run.json").read_text())
-    cfg = json.loads((work / "model" / "config.json").read_text())
+    cfg = json.loads(((model or work / "model") / "config.json").read_text())
     info = run.get("server_info") or {}
     same, n_same = _trace_kernels(run)
     second, n_second = (None, 0)
@@ -60,7 +61,7 @@ def build(work: Path, mode: str) -> tuple[dict, str | None]:
 
 def main() -> None:
     work, mode, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-    truth, trace = build(work, mode)
+    truth, trace = build(work, mode, Path(sys.argv[4]) if len(sys.argv) > 4 else None)
     Path(f"{prefix}.truth.json").write_text(json.dumps(truth, indent=1))
     print(f"{prefix}.truth.json: {len(truth['requests'])} requests, profile {truth['profile']}")
     if trace:

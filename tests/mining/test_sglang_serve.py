@@ -52,7 +52,7 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             polls["n"] += 1
-            return self.reply(503 if polls["n"] < 3 else 200, None)
+            return self.reply(503 if polls["n"] < 2 else 200, None)
         if self.path == "/server_info":
             return self.reply(200, {"version": "0.0-fake", "internal_states": [{"x": 1}],
                                     "cuda_graph_config": {"decode": {"backend": "full", "bs": [1, 2, 4]}}})
@@ -87,7 +87,7 @@ def term(*_):
     threading.Thread(target=lambda: (time.sleep(0.3), srv.shutdown())).start()
 
 signal.signal(signal.SIGTERM, term)
-time.sleep(0.5)
+time.sleep(0.2)
 srv.serve_forever()
 '''
 
@@ -125,11 +125,12 @@ def test_prompts_answered_in_order_and_bracketed(tmp_path):
                                                 "ignore_eos": True} for g in gens)
     assert [r["prompt"] for r in rec["requests"]] == want
     assert all(len(r["output"]) == MAX_NEW_TOKENS for r in rec["requests"])
-    # the window holds every request and lies inside the profiled stretch
+    # the window holds the profiled stretch, which holds every request, each within its own times
     w = rec["window"]
     start = next(x["t"] for x in log if x["path"] == "/start_profile")
     stop = next(x["t"] for x in log if x["path"] == "/stop_profile")
-    assert t0 < start < w["start_ns"] < min(g["t"] for g in gens) <= max(g["t"] for g in gens) < w["end_ns"] < stop
+    assert t0 < w["start_ns"] < start < min(g["t"] for g in gens) <= max(g["t"] for g in gens) < stop < w["end_ns"]
+    assert all(r["sent_ns"] < g["t"] < r["answered_ns"] for r, g in zip(rec["requests"], gens))
     assert rec["profile"]["file"].endswith("mine-TP-0.trace.json.gz")
     assert rec["profile"]["start"]["status"] == 200
     # the server got the documented flags, eager by default; server_info kept, internal_states dropped
@@ -172,3 +173,31 @@ def test_a_server_that_never_comes_up_is_one_sentence(tmp_path):
 @pytest.mark.parametrize("script", ["capture.sh", "device_run.sh"])
 def test_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(EXAMPLE / script)]).returncode == 0
+
+
+def test_capture_sh_end_to_end_with_a_fake_kit(tmp_path):
+    """capture.sh's plumbing on a machine without a GPU: a kit whose use.sh puts the fake server
+    in place as `sglang.launch_server`, a checkpoint folder already there; the captured run (the
+    capture library injected, nothing to record), the profile run, the truth file and the packed
+    fixture all come out, and the truth is the prompts the fake answered."""
+    kit = tmp_path / "kit"
+    (kit / "site" / "sglang").mkdir(parents=True)
+    (kit / "site" / "sglang" / "__init__.py").write_text("")
+    (kit / "site" / "sglang" / "launch_server.py").write_text(FAKE)
+    (kit / "use.sh").write_text(f'export PYTHONPATH={kit / "site"}${{PYTHONPATH:+:$PYTHONPATH}}\n'
+                                f'export FAKE_LOG={tmp_path / "fake.log"}\n')
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "config.json").write_text(json.dumps({"vocab_size": 32000, "num_hidden_layers": 3}))
+    env = dict(os.environ, KIT=str(kit), STARTUP_TIMEOUT="20", RUN_TIMEOUT="60")
+    p = subprocess.run(["bash", str(EXAMPLE / "capture.sh"), str(work), "graph"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    truth = json.loads((work / "sglang_graph.truth.json").read_text())
+    assert truth["mode"] == "graph" and truth["geometry"] == {"num_hidden_layers": 3, "vocab_size": 32000}
+    assert [r["prompt"] for r in truth["requests"]] == [[x % 32000 for x in q] for q in prompts()]
+    assert truth["cuda_graph_config"]["decode"]["bs"] == [1, 2, 4]
+    assert truth["profile"]["source"] == "same_process" and truth["window"]["start_ns"] < truth["window"]["end_ns"]
+    assert (work / "sglang_graph.profile.json.gz").is_file() and (work / "sglang_graph.tar.xz").is_file()
+    served = [x for x in map(json.loads, (tmp_path / "fake.log").read_text().splitlines()) if x["path"] == "SIGTERM"]
+    assert len(served) == 2 and all("--disable-cuda-graph" not in x["args"] for x in served)
