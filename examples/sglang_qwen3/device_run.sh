@@ -2,10 +2,12 @@
 # Issue 21's SGLang captures on one H200 (no network there), from the repository root of a copy of
 # this tree, in one device call:
 #
-#   examples/sglang_qwen3/device_run.sh KIT OUT [eager|graph|all]        (default all)
+#   examples/sglang_qwen3/device_run.sh KIT OUT [eager|graph|all|prep]        (default all)
 #
 # KIT: the SGLang 0.5.17 offline kit folder (shared tools' sglang-offline-kit.sh; its use.sh is
-# sourced). For each mode, as far as DEADLINE_S (default 540 s from the start) allows -- `all` runs
+# sourced, which unpacks what is not yet in /tmp: a warm machine that already holds /tmp/sgl-site
+# and /tmp/sgl-deps needs only use.sh and stubs/ in KIT). `prep` only sources it and builds the
+# capture library (a call that carries part of the kit when the whole does not fit). For each mode, as far as DEADLINE_S (default 540 s from the start) allows -- `all` runs
 # eager, then graph when at least NEED_S (300 s) is left; one mode takes about 5-7 minutes:
 #   1. builds the capture library (pip install -e . --no-deps) unless it is there;
 #   2. examples/sglang_qwen3/capture.sh WORK/MODE MODE: checkpoint, the captured run, the same run
@@ -22,8 +24,8 @@ set -uo pipefail
 kit=$(cd "${1:?usage: device_run.sh KIT OUT [eager|graph|all]}" && pwd) || exit 2
 out=$(mkdir -p "${2:?usage: device_run.sh KIT OUT [eager|graph|all]}" && cd "$2" && pwd) || exit 2
 want=${3:-all}
-case "$want" in eager|graph) modes=("$want") ;; all) modes=(eager graph) ;;
-  *) echo "device_run.sh: mode must be eager, graph or all, not $want" >&2; exit 2 ;; esac
+case "$want" in eager|graph) modes=("$want") ;; all) modes=(eager graph) ;; prep) modes=() ;;
+  *) echo "device_run.sh: mode must be eager, graph, all or prep, not $want" >&2; exit 2 ;; esac
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo" || exit 2
 t0=$(date +%s)
@@ -68,6 +70,16 @@ elif stamp "building the capture library" && python3 -m pip install -q --no-buil
   tail -1 "$work/logs/build.log"
 else
   echo "device_run.sh: the capture library did not build:"; tail -20 "$work/logs/build.log"
+  tar cJf "$out/sglang-logs.tar.xz" -C "$work" logs; return 1
+fi
+
+stamp "kit: sourcing $kit/use.sh"
+( source "$kit/use.sh" > "$work/logs/kit.log" 2>&1
+  python3 -c 'import importlib.util as u
+for m in ("sglang", "sgl_kernel", "pydantic", "zmq", "flashinfer"):
+    s = u.find_spec(m); print(m, s.origin if s else "MISSING")' ) 2>&1 | tee -a "$work/logs/kit.log"
+if grep -q MISSING "$work/logs/kit.log"; then
+  echo "device_run.sh: the kit is not complete in /tmp yet (see above); carry the missing parts and run prep again"
   tar cJf "$out/sglang-logs.tar.xz" -C "$work" logs; return 1
 fi
 
