@@ -31,7 +31,7 @@ def analyze_cmd(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="the cache folder (default: "
                                              "$MINE_CACHE_DIR, else $XDG_CACHE_HOME/mine or ~/.cache/mine)"),
     section: Optional[str] = typer.Option(None, "--section", help="report sections, comma-separated: forwards, "
-                                          "layers, strides, pointers, fits, failures, partial, layout, names "
+                                          "layers, strides, pointers, structs, fits, failures, partial, layout, names "
                                           "(default: forwards,layers, one screen)"),
     full: bool = typer.Option(False, "--full", help="the whole report: every section, every row"),
 ) -> None:

@@ -51,7 +51,7 @@ from prompts import MAX_NEW_TOKENS, prompts  # noqa: E402
 SERVER_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
                "--skip-tokenizer-init", "--mem-fraction-static", "0.3", "--random-seed", "0",
                "--disable-overlap-schedule"]
-GRAPH_ARGS = "--cuda-graph-max-bs 4 --cuda-graph-max-bs-prefill 256"
+GRAPH_ARGS = "--cuda-graph-max-bs-decode 4 --cuda-graph-max-bs-prefill 256"
 SERVER_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false", "SGLANG_PROFILE_WITH_STACK": "false",
               "SGLANG_PROFILE_RECORD_SHAPES": "false", "PYTHONUNBUFFERED": "1"}
 PROFILE_ID = "mine"
