@@ -42,6 +42,12 @@ EXTERN_PARAMS = {
     "extern:nccl_allreduce_bf16": ("inout buffer<bf16>", "i32", "i32"),
     "extern:nccl_allgather_f32": ("in buffer<f32>", "out buffer<f32>", "i32", "i32"),
 }
+# kern's NCCL built-ins as its loader takes them, [send, recv, count, rank] (kern-llm 0.3.1's own
+# message: "an nccl collective takes [send, recv, count, rank]"; the rank arg names the group). The
+# nccl entries of EXTERN_PARAMS are the in-place reading the K3 generator writes, which kern's CPU
+# verification accepts too; the TP Qwen3 manifest (generators/qwen3/tp.py) writes these.
+NCCL_PARAMS = {f"extern:nccl_{op}_{t}": (f"in buffer<{t}>", f"out buffer<{t}>", "i32", "i32")
+               for op in ("allreduce", "allgather", "reducescatter") for t in ("f32", "bf16")}
 # Rust's `char::is_whitespace` (Unicode White_Space): what kern trims off a param type. Python's
 # own `str.strip()` would also drop U+001C..U+001F, which kern keeps (and then rejects).
 RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"

@@ -31,13 +31,15 @@ from pathlib import Path
 from typing import Optional
 
 from vocab.errors import ConfigError, RejectedManifest, UsageError
+from vocab.wire import NCCL_PARAMS
 
 from generators.qwen3.kernels import tag
 from generators.qwen3.mined import WiringMismatch
 
 GROUP = "tp"
-# kern 0.3.1's NCCL built-ins take [send, recv, count, rank] (its load-time message says so)
-ALLREDUCE = ("extern:nccl_allreduce_bf16", ["in buffer<bf16>", "out buffer<bf16>", "i32", "i32"])
+# kern 0.3.1's NCCL built-ins take [send, recv, count, rank] (vocab.wire.NCCL_PARAMS)
+_AR = "extern:nccl_allreduce_bf16"
+ALLREDUCE = (_AR, list(NCCL_PARAMS[_AR]))
 ROW_PARALLEL = ("o_proj", "down_proj")   # GEMM call labels whose output is a partial sum
 
 
