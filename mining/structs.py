@@ -129,10 +129,12 @@ def _lanes(vals: np.ndarray, samples: np.ndarray, fitter) -> list[dict]:
 
 
 def _group_words(hexes: np.ndarray, samples: np.ndarray, seqs: np.ndarray, ptr: tuple | None,
-                 fitter, cache: dict) -> dict | None:
-    """Every word of one struct parameter over its samples (one launch each): column arrays."""
+                 fitter) -> dict | None:
+    """Every word of one struct parameter over its samples (one launch each): column arrays. Each
+    distinct hex is decoded once; nothing decoded outlives the group (a capture's hexes of one
+    site differ per forward wherever a workspace pointer moves)."""
     uniq, inv = np.unique(hexes, return_inverse=True)
-    dec = [cache.setdefault(h, _decode(h)) for h in uniq]
+    dec = [_decode(h) for h in uniq]
     nw = max((len(v) for v, _ in dec), default=0)
     if nw == 0:
         return None
@@ -228,31 +230,35 @@ def classify(sw: pd.DataFrame, params: pd.DataFrame, launches: pd.DataFrame, tab
     in_site = sw["site"].notna().to_numpy()
     sited = set(table.loc[table["kept"], "symbol"].astype(str))
     outside = ~in_site & ~sw["symbol"].isin(sited).to_numpy()
-    ptr = _pointer_rows(params, sw["seq"].to_numpy())
-    ptr_by = {k: tuple(g[c].to_numpy(np.int64) for c in ("seq", "at", "buffer_id", "ptr_off"))
-              for k, g in ptr.groupby("i")}
-    parts: dict[str, list] = {}
-    cache: dict = {}
     seq_a, hex_a, fwd_a = sw["seq"].to_numpy(), sw["hex"].to_numpy(), sw["forward"].to_numpy()
     sym_a, i_a, size_a = sw["symbol"].to_numpy(), sw["i"].to_numpy(), sw["psize"].to_numpy()
+    groups = []                                     # (scope, name, i, rows of sw)
     for scope, mask, key in (("site", in_site, "site"), ("kernel", outside, "symbol")):
         rows = np.flatnonzero(mask)
-        groups = pd.DataFrame({"k": sw[key].to_numpy()[rows], "i": i_a[rows]}).groupby(["k", "i"], sort=False).indices
-        for (name, i), pos in groups.items():
-            r = rows[pos]
-            seqs = seq_a[r]
-            samples = fwd_a[r].astype(np.int64) if scope == "site" else seqs
-            pi = ptr_by.get(i)
-            pg = tuple(a[np.isin(pi[0], seqs)] for a in pi) if pi is not None else None
-            cols = _group_words(hex_a[r], samples, seqs, pg, fitter if scope == "site" else None, cache)
-            if cols is None:
-                continue
-            n = len(cols["at"])
-            cols.update(scope=np.full(n, scope, object), site=np.full(n, str(name) if scope == "site" else "", object),
-                        symbol=np.full(n, str(sym_a[r[0]]), object), i=np.full(n, int(i), np.int64),
-                        psize=np.full(n, int(size_a[r].max()), np.int64))
-            for c, v in cols.items():
-                parts.setdefault(c, []).append(v)
+        g = pd.DataFrame({"k": sw[key].to_numpy()[rows], "i": i_a[rows]}).groupby(["k", "i"], sort=False).indices
+        groups += [(scope, name, i, rows[pos]) for (name, i), pos in g.items()]
+    gid = np.full(len(sw), -1, np.int64)
+    for k, (_, _, _, r) in enumerate(groups):
+        gid[r] = k
+    # the struct parameters' pointer words, each tagged with its group, sorted by it: one pass
+    ptr = _pointer_rows(params, seq_a).merge(pd.DataFrame({"seq": seq_a, "i": i_a, "g": gid}), on=["seq", "i"])
+    ptr = ptr[ptr["g"] >= 0].sort_values("g", kind="stable")
+    pg_all = [ptr[c].to_numpy(np.int64) for c in ("seq", "at", "buffer_id", "ptr_off")]
+    bounds = np.searchsorted(ptr["g"].to_numpy(), np.arange(len(groups) + 1))
+    parts: dict[str, list] = {}
+    for k, (scope, name, i, r) in enumerate(groups):
+        seqs = seq_a[r]
+        samples = fwd_a[r].astype(np.int64) if scope == "site" else seqs
+        pg = tuple(a[bounds[k]:bounds[k + 1]] for a in pg_all)
+        cols = _group_words(hex_a[r], samples, seqs, pg, fitter if scope == "site" else None)
+        if cols is None:
+            continue
+        n = len(cols["at"])
+        cols.update(scope=np.full(n, scope, object), site=np.full(n, str(name) if scope == "site" else "", object),
+                    symbol=np.full(n, str(sym_a[r[0]]), object), i=np.full(n, int(i), np.int64),
+                    psize=np.full(n, int(size_a[r].max()), np.int64))
+        for c, v in cols.items():
+            parts.setdefault(c, []).append(v)
     if not parts:
         return pd.DataFrame(columns=WORD_COLS)
     out = pd.DataFrame({c: np.concatenate(v) for c, v in parts.items()})
