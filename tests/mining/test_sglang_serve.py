@@ -201,3 +201,21 @@ def test_capture_sh_end_to_end_with_a_fake_kit(tmp_path):
     assert (work / "sglang_graph.profile.json.gz").is_file() and (work / "sglang_graph.tar.xz").is_file()
     served = [x for x in map(json.loads, (tmp_path / "fake.log").read_text().splitlines()) if x["path"] == "SIGTERM"]
     assert len(served) == 2 and all("--disable-cuda-graph" not in x["args"] for x in served)
+
+
+def test_check_py_reports_a_fixture_against_its_truth(tmp_path):
+    """check.py (what device_run.sh prints after each mode) on a real capture with a truth file of
+    the same shape: the vLLM suite's q2e (eager, two requests, no profiler trace)."""
+    from paths import FIXTURES
+
+    out = tmp_path / "check.json"
+    p = subprocess.run([sys.executable, str(EXAMPLE / "check.py"), str(FIXTURES / "suite" / "q2e"), "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    assert res["forwards_match"] and res["layers_every_serving_forward"] and res["layers_seen"] == [2]
+    assert "serving forwards match the requests" in p.stdout and "completeness: no trace" in p.stdout
+    assert res["structs"].startswith("struct parameters: ")
+    bad = subprocess.run([sys.executable, str(EXAMPLE / "check.py"), str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("check.py: ") and "Traceback" not in bad.stderr
