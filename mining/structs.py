@@ -9,8 +9,9 @@ The capture classifies every aligned word of every parameter (`ptrs[].at`, or of
 allocation log) and `pointers.py` gives each pointer word (site, i, at) its role; this module
 covers the whole struct, every word of every parameter wider than 8 bytes:
 
-- `struct_words(params)`: the decoded words of each struct parameter of each launch (one row per
-  (launch, i): its bytes as little-endian 8-byte words, a short tail as one word of its size);
+- `struct_words(params)`: the struct parameters of every launch, one row per (launch, i) with its
+  bytes; `classify` reads them as little-endian 8-byte words (a short tail as one word of its
+  size), each distinct byte string of a group once;
 - `classify(...)`: one row per (scope, site, i, at). Scope `site`: call sites of the forwards,
   samples are forwards; scope `kernel`: kernels that never run in a kept forward (start-up work,
   a capture without forwards), grouped by symbol, samples are launches. Kinds:
@@ -22,7 +23,8 @@ covers the whole struct, every word of every parameter wider than 8 bytes:
     lanes          varies and is two 4-byte fields: its high half is neither all 0 nor all
                    0xffffffff, so it is no 8-byte integer; each lane is const, size or varies
 - `param_table(words)`: one row per struct parameter, its words counted by kind;
-- `report_rows(words, short)`: the rows `mine analyze --section structs` prints.
+- `report_rows(words, short)`: the rows `mine analyze --section structs` prints, `summary` its
+  one line otherwise; `document(words)`: the analysis JSON's `structs` section (vocab/structs.py).
 
 A word is only what the bytes say: fields narrower than 4 bytes are read inside their word or
 lane, a varying floating-point field reads as `varies`, and a host pointer inside a struct is a
