@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from compiler.programs import Program
 from vocab.analysis import AnalysisDoc
+from vocab.wire import DIRECTIONS
 
 
 @dataclass
@@ -100,7 +101,7 @@ def uses(prog: Program, doc: AnalysisDoc) -> list[Use]:
         for w in x.words:
             u = Use(k, w.i, w.at, w.value, w.base, w.alloc_size)
             f = flow.get((x.site, w.i, w.at))
-            if f is not None and f.direction in ("in", "out", "inout"):
+            if f is not None and f.direction in DIRECTIONS:
                 u.direction, u.evidence = f.direction, "measured"
             elif f is not None:
                 u.evidence = f"measured {f.direction}, not trusted"

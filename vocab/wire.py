@@ -39,13 +39,14 @@ EXTERN_PARAMS = {
     "extern:cublaslt_bf16_tn_acc": ("in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>", "i32", "i32",
                                     "i32"),
     "extern:cublas_bf16_tn_f32": ("in buffer<bf16>", "in buffer<bf16>", "out buffer<f32>", "i32", "i32", "i32"),
-    "extern:nccl_allreduce_bf16": ("inout buffer<bf16>", "i32", "i32"),
+    "extern:nccl_allreduce_bf16": ("in buffer<bf16>", "out buffer<bf16>", "i32", "i32"),
     "extern:nccl_allgather_f32": ("in buffer<f32>", "out buffer<f32>", "i32", "i32"),
 }
 # kern's NCCL built-ins as its loader takes them, [send, recv, count, rank] (kern-llm 0.3.1's own
-# message: "an nccl collective takes [send, recv, count, rank]"; the rank arg names the group). The
-# nccl entries of EXTERN_PARAMS are the in-place reading the K3 generator writes, which kern's CPU
-# verification accepts too; the TP Qwen3 manifest (generators/qwen3/tp.py) writes these.
+# message: "an nccl collective takes [send, recv, count, rank]"; the rank arg names the group; its CPU
+# verification also accepts a three-argument in-place form, which the loader then refuses). The K3
+# generator's in-place all-reduces pass one buffer as both send and recv (NCCL's in-place call); the
+# TP Qwen3 manifest (generators/qwen3/tp.py) writes these.
 NCCL_PARAMS = {f"extern:nccl_{op}_{t}": (f"in buffer<{t}>", f"out buffer<{t}>", "i32", "i32")
                for op in ("allreduce", "allgather", "reducescatter") for t in ("f32", "bf16")}
 # Rust's `char::is_whitespace` (Unicode White_Space): what kern trims off a param type. Python's
