@@ -5,8 +5,9 @@
 
 Why one place: `kern.Runtime(path, kernels_dir, weights, gpu)` verifies the manifest first. A
 rejected manifest raises ValueError whose message lists every violation as `- ...` lines; an
-accepted one goes on and fails further along -- loading libcuda on a GPU-less machine, or asking a
-multi-rank manifest for its rank -- with pyo3's PanicException, a BaseException. The `cut`
+accepted one goes on and fails further along -- loading libcuda on a GPU-less machine -- with
+pyo3's PanicException, a BaseException. A manifest with a topology is checked as rank 0 of each of
+its groups (without a rank kern stops at its caller contract before every check has run). The `cut`
 fallback verifier, the differential and ABI tests and the verify benchmark all read that verdict;
 tests of very large manifests read it through the command above, in a child process.
 kern-llm is a test dependency (the `test` extra); importing this module does not import it.
@@ -33,8 +34,12 @@ def verdict(path, kernels_dir=".") -> Verdict:
     import kern
 
     os.environ.setdefault("RUST_BACKTRACE", "0")
+    args = [str(path), str(kernels_dir), [], 0]
+    ranks = _rank_zero(path)
+    if ranks:   # kern checks a multi-rank manifest as one rank of its topology: rank 0 of each group
+        args.append(ranks)
     try:
-        kern.Runtime(str(path), str(kernels_dir), [], 0)
+        kern.Runtime(*args)
     except ValueError as exc:
         lines = [ln.strip()[2:] for ln in str(exc).splitlines() if ln.strip().startswith("- ")]
         return Verdict(False, lines or [str(exc)], f"{type(exc).__name__} {exc}", exc)
@@ -43,6 +48,20 @@ def verdict(path, kernels_dir=".") -> Verdict:
     except BaseException as exc:  # noqa: BLE001 - accepted, then no GPU (a pyo3 PanicException)
         return Verdict(True, [], f"{type(exc).__name__} {exc}", exc)
     return Verdict(True, [], "loaded", None)
+
+
+def _rank_zero(path) -> dict:
+    """{group: (0, size)} for the manifest's topology groups; {} when it has none or is not JSON
+    (kern then says what is wrong with it)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+        groups = doc.get("topology", {}).get("groups", {})
+        return {str(g): (0, int(n)) for g, n in groups.items() if isinstance(n, int) and n > 0}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 
 @contextlib.contextmanager
