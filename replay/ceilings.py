@@ -59,7 +59,6 @@ def _cublas() -> ctypes.CDLL:
 def gemm_rate(gpu, n: int = 8192, reps: int = 5) -> float:
     """bf16 GEMM rate (FLOP/s) of an n x n x n product, fp32 accumulation, the best of `reps`."""
     lib = _cublas()
-    cu = gpu.cu
     handle = ctypes.c_void_p()
     if lib.cublasCreate_v2(ctypes.byref(handle)) != 0:
         raise NoBlas("cuBLAS did not start (cublasCreate failed): the GEMM ceiling is not measured")
@@ -80,19 +79,7 @@ def gemm_rate(gpu, n: int = 8192, reps: int = 5) -> float:
 
         gemm()
         gpu.sync()
-        ev0 = gpu._ok("cuEventCreate", cu.cuEventCreate(0))
-        ev1 = gpu._ok("cuEventCreate", cu.cuEventCreate(0))
-        best = float("inf")
-        try:
-            for _ in range(reps):
-                gpu._ok("cuEventRecord", cu.cuEventRecord(ev0, gpu.stream))
-                gemm()
-                gpu._ok("cuEventRecord", cu.cuEventRecord(ev1, gpu.stream))
-                gpu._ok("cuEventSynchronize", cu.cuEventSynchronize(ev1))
-                best = min(best, float(gpu._ok("cuEventElapsedTime", cu.cuEventElapsedTime(ev0, ev1))) / 1e3)
-        finally:
-            cu.cuEventDestroy(ev0)
-            cu.cuEventDestroy(ev1)
+        best = gpu.best_seconds(gemm, reps)
         return 2.0 * n ** 3 / best
     finally:
         lib.cublasDestroy_v2(handle)

@@ -153,26 +153,34 @@ class Gpu:
             self._flush = self.alloc(L2_FLUSH_BYTES)
         self._ok("cuMemsetD8Async", self.cu.cuMemsetD8Async(self._flush, 0, L2_FLUSH_BYTES, self.stream))
 
-    def copy_bandwidth(self, nbytes: int = 1 << 30, reps: int = 5) -> float:
-        """Device-to-device copy rate (bytes/s, read + write counted), the memory ceiling a
-        replayed kernel's traffic is compared with."""
+    def best_seconds(self, enqueue, reps: int = 5) -> float:
+        """The shortest of `reps` runs of `enqueue()` on the stream, timed with CUDA events (s)."""
         cu = self.cu
-        a, b = self.alloc(nbytes), self.alloc(nbytes)
         ev0 = self._ok("cuEventCreate", cu.cuEventCreate(0))
         ev1 = self._ok("cuEventCreate", cu.cuEventCreate(0))
         best = float("inf")
         try:
             for _ in range(reps):
                 self._ok("cuEventRecord", cu.cuEventRecord(ev0, self.stream))
-                self._ok("cuMemcpyDtoDAsync", cu.cuMemcpyDtoDAsync(b, a, nbytes, self.stream))
+                enqueue()
                 self._ok("cuEventRecord", cu.cuEventRecord(ev1, self.stream))
                 self._ok("cuEventSynchronize", cu.cuEventSynchronize(ev1))
                 best = min(best, float(self._ok("cuEventElapsedTime", cu.cuEventElapsedTime(ev0, ev1))) / 1e3)
         finally:
             cu.cuEventDestroy(ev0)
             cu.cuEventDestroy(ev1)
+        return best
+
+    def copy_bandwidth(self, nbytes: int = 1 << 30, reps: int = 5) -> float:
+        """Device-to-device copy rate (bytes/s, read + write counted), the memory ceiling a
+        replayed kernel's traffic is compared with."""
+        a, b = self.alloc(nbytes), self.alloc(nbytes)
+        try:
+            t = self.best_seconds(lambda: self._ok("cuMemcpyDtoDAsync",
+                                                   self.cu.cuMemcpyDtoDAsync(b, a, nbytes, self.stream)), reps)
+        finally:
             self.free_all()
-        return 2 * nbytes / best
+        return 2 * nbytes / t
 
     # ------------------------------------------------------------------ tensor maps
     def encode_tiled(self, rec: dict, address: int) -> bytes:
