@@ -76,6 +76,7 @@ class Decl:
     lo: int              # allocation offset of the declaration's byte 0
     because: str
     dtype: str = "bf16"
+    fill: str = ""           # kern's serving role of an input (compiler.input_fills), "" when unnamed
 
 
 def _flow(doc: AnalysisDoc) -> dict:

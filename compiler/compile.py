@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from compiler import buffers, emit, programs
+from compiler import buffers, emit, input_fills, inputs, programs
 from compiler.errors import CompileError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
@@ -42,17 +42,21 @@ class CompileResult:
         return [head] + [f"note: {n}" for n in self.notes]
 
 
-def check_inputs(dump, analysis=None, config=None, weights=None) -> None:
+def check_inputs(dump, analysis=None, config=None, weights=None, requests=None) -> None:
     """Refuse inputs that cannot serve, before any work (one sentence each)."""
+    from compiler.requests import read_requests
     from vocab.errors import UsageError
 
-    for flag, given in (("DUMP", dump), ("--analysis", analysis), ("--config", config), ("--weights", weights)):
+    for flag, given in (("DUMP", dump), ("--analysis", analysis), ("--config", config), ("--weights", weights),
+                        ("--requests", requests)):
         if given is not None and not Path(given).exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
     if weights is not None:
         raise UsageError(f"--weights {weights}: binding weights by content needs the bytes of the capture's weight "
                          "ranges, and captures hold none yet (the snapshot knob of issue 22 is not built); "
                          "compile without --weights and bind the `capture.*` tensors yourself", value=weights)
+    if requests is not None:
+        read_requests(requests)
 
 
 def _dtypes(layouts: dict, decls: dict, progs) -> None:
@@ -66,8 +70,17 @@ def _dtypes(layouts: dict, decls: dict, progs) -> None:
         d.dtype = "u8" if n in odd else "bf16"
 
 
-def compile_capture(dump, doc, label: str = "") -> CompileResult:
-    """The manifest and provenance of a loaded dump and its AnalysisDoc."""
+def explain_inputs(dump, doc, requests=None) -> tuple[list, list]:
+    """(per-forward inputs, per-kind entries): what the host gave each forward and what it is named
+    (compiler.inputs, compiler.input_fills); needs no manifest, so it runs where compiling refuses."""
+    fwds = inputs.collect(dump, doc)
+    inputs.name(fwds, requests)
+    return fwds, input_fills.by_kind(fwds)
+
+
+def compile_capture(dump, doc, label: str = "", requests=None) -> CompileResult:
+    """The manifest and provenance of a loaded dump and its AnalysisDoc (`requests`: the
+    compiler.requests.Requests the capture served, for naming inputs by content)."""
     from manifests.verify import verify
 
     progs, notes = programs.programs(dump, doc)
@@ -75,6 +88,8 @@ def compile_capture(dump, doc, label: str = "") -> CompileResult:
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
     layouts, decls = buffers.layout(progs, doc)
     _dtypes(layouts, decls, progs)
+    fwds, entries = explain_inputs(dump, doc, requests)
+    assigned = input_fills.assign(decls, progs, fwds)
     model = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, model)
     bad = verify(m)
@@ -86,7 +101,18 @@ def compile_capture(dump, doc, label: str = "") -> CompileResult:
     if getattr(dump, "copies", None) is None or len(dump.copies) == 0:
         notes.append("the capture has no copy log (MINE_CAPTURE_COPY_LOG=1): inputs are named by address, "
                      "without kern `fill` kinds")
+    else:
+        named = [a for a in assigned if a.fill]
+        notes.append(f"{len(named)} of {len(assigned)} inputs carry a kern fill from the copy log"
+                     + ("" if requests is not None else " (no --requests: only structure names them)")
+                     + ("; the others are unnamed (provenance.json `inputs` says why)" if len(named) < len(assigned)
+                        else ""))
     prov = provenance(progs, layouts, decls, doc, notes + em.notes)
+    prov["inputs"] = {"manifest": {a.name: {"fill": a.fill, "dtype": a.dtype, "because": a.because} for a in assigned},
+                      "by_kind": [e.to_json() for e in entries],
+                      "requests": None if requests is None else requests.source,
+                      "steps": {str(fi.forward): {"step": None if fi.step is None else fi.step.index,
+                                                  "because": fi.step_because} for fi in fwds if fi.arrays}}
     return CompileResult(m, prov, notes + em.notes)
 
 
@@ -113,10 +139,7 @@ def provenance(progs, layouts, decls, doc, notes) -> dict:
     return out
 
 
-def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
-                 cache: bool = True, cache_dir: Optional[Path] = None) -> CompileResult:
-    """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
-    provenance.json and kernels/ there."""
+def _load(dump_path: Path, analysis, pid, cache, cache_dir):
     from mining.analyze import analyze, document
     from mining.load import load_dump
     from vocab.analysis import read_analysis
@@ -128,10 +151,43 @@ def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, 
     elif doc.source.launches != len(dump.launches):
         raise CompileError(f"{analysis} is the analysis of another capture ({doc.source.launches} launches; "
                            f"{dump_path} holds {len(dump.launches)})")
-    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name)
+    return dump, doc
+
+
+def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
+                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None) -> CompileResult:
+    """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
+    provenance.json and kernels/ there. `requests`: a requests file (compiler.requests)."""
+    from compiler.requests import read_requests
+
+    reqs = read_requests(requests) if requests is not None else None
+    dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
+    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs)
     if out is not None:
         write(res, out, dump)
     return res
+
+
+def explain_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
+                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None) -> list[str]:
+    """`mine compile --explain-inputs`: the input report's lines; with `out`, inputs.json there."""
+    from compiler.requests import read_requests
+    from generators.folder import folder as as_folder
+
+    reqs = read_requests(requests) if requests is not None else None
+    dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
+    fwds, entries = explain_inputs(dump, doc, reqs)
+    head = [f"{dump_path}: {sum(len(f.arrays) for f in fwds)} host arrays over {len(fwds)} forwards "
+            f"({'a copy log' if getattr(dump, 'copies', None) is not None else 'no copy log'}; "
+            f"{'requests ' + str(requests) if reqs else 'no requests: structure only'})"]
+    if out is not None:
+        folder = as_folder(out)
+        folder.path("inputs.json").write_text(json.dumps(
+            {"by_kind": [e.to_json() for e in entries],
+             "steps": {str(fi.forward): {"step": None if fi.step is None else fi.step.index, "because": fi.step_because}
+                       for fi in fwds if fi.arrays}}, indent=1, sort_keys=True) + "\n")
+        folder.finish()
+    return head + input_fills.lines(entries)
 
 
 def write(res: CompileResult, out, dump) -> None:

@@ -29,6 +29,7 @@ from compiler.programs import Program
 from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION, pointer_type
 
 SCALAR = {1: "u8", 4: "i32", 8: "i64"}
+ELEMENT = {"u8": 1, "bf16": 2, "i32": 4, "i64": 8}
 
 
 def _signed(v: int, bits: int) -> int:
@@ -189,8 +190,10 @@ def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, l
         if d.kind == "state":
             states[d.name] = {"bytes": d.size}
             continue
-        el = 2 if d.dtype == "bf16" else 1
+        el = ELEMENT[d.dtype]
         b = {"dtype": d.dtype, "shape": [d.size // el], "kind": d.kind}
+        if d.fill:
+            b["fill"] = d.fill
         if d.kind == "weight":
             b["bind"] = [{"tensor": f"capture.{d.name}"}]
         buffers[d.name] = b

@@ -24,6 +24,10 @@ def compile_cmd(
                                           "reads nothing from it (no model knowledge)."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder to bind weight ranges by "
                                            "content; refused until the capture holds weight bytes."),
+    requests: Optional[Path] = typer.Option(None, "--requests", help="The requests the capture served (a truth file: "
+                                            "prompts and outputs), to name inputs by content (docs/compile.md)."),
+    explain_inputs: bool = typer.Option(False, "--explain-inputs", help="Only report each forward kind's host inputs "
+                                        "(copies, host-mapped reads), their fill kinds and evidence; write inputs.json."),
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Read and write no cache."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="The cache folder (default: $MINE_CACHE_DIR, "
@@ -35,14 +39,23 @@ def compile_cmd(
     Examples:
       mine compile tests/fixtures/vllm/vllm-offline.tar.xz -o out/compiled
       mine compile tests/fixtures/suite/tri_dense.tar.xz -o out/tri --force
+      mine compile tests/fixtures/batched/q2b.tar.xz -o out/q2b --explain-inputs --requests tests/fixtures/batched/q2b.truth.json
     """
-    from compiler.compile import check_inputs, compile_dump
+    from compiler.compile import check_inputs, compile_dump, explain_dump
     from mine.checks import OutFolder, archive_named, progress
 
-    check_inputs(dump, analysis, config, weights)
-    folder = OutFolder(out, force, inputs=[dump, analysis, config, weights])
+    check_inputs(dump, analysis, config, weights, requests)
+    folder = OutFolder(out, force, inputs=[dump, analysis, config, weights, requests])
+    if explain_inputs:
+        with archive_named(dump), progress(f"reading {dump} and naming its inputs"):
+            lines = explain_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
+                                 requests=requests)
+        for line in lines:
+            typer.echo(line)
+        return
     with archive_named(dump), progress(f"reading and compiling {dump}"):
-        result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir)
+        result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
+                              requests=requests)
     for line in result.lines():
         typer.echo(line)
 

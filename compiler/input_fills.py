@@ -1,0 +1,163 @@
+"""From named arrays (compiler.inputs) to the manifest: fills on input buffers, and the report.
+
+Why a module of its own: `compiler.inputs` says what each forward received; the manifest needs one
+answer per input buffer over every forward of its program, and a person needs the evidence per
+forward kind. Both are folds over the same per-forward records.
+
+- `by_kind`: per forward kind (`decode`: every sequence of the forward's step feeds one token;
+  `prefill`: some sequence feeds a prompt or chunk; without a step, the analysis' token count:
+  1 decode, more prefill, none `unknown`), per destination (a copy's allocation and offset, or a
+  host-reading launch's symbol and word), how many forwards named it which fill.
+- `assign`: a manifest input declaration (compiler.buffers.Decl, kind `input`) takes fill F and
+  dtype D when, in the program's forwards, the copies that wrote its first byte are named F as D
+  by at least one `exact` or `structure` match and by no other fill; its size must hold whole D
+  elements. Otherwise it stays unnamed and the reason is recorded. A declaration of kind `inout`
+  (a call writes it later) is never filled: kern puts fills on inputs only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from compiler.inputs import Array, ForwardInputs
+
+SIZES = {"i32": 4, "i64": 8}
+TRUSTED = ("exact", "structure")
+
+
+def kind_of(fi: ForwardInputs) -> str:
+    if fi.step is not None:
+        return "prefill" if fi.step.prefill else "decode"
+    return "unknown" if fi.tokens is None else ("decode" if fi.tokens == 1 else "prefill")
+
+
+def key_of(a: Array) -> str:
+    if a.source == "copy":
+        return (f"copy to alloc {hex(a.alloc[0])}+{a.alloc[1]}" if a.alloc else f"copy to {hex(a.dst)}")
+    return f"host read by {a.where}"
+
+
+@dataclass
+class Entry:
+    kind: str
+    key: str
+    forwards: int = 0
+    named: Counter = field(default_factory=Counter)      # (fill, dtype, sure) -> forwards
+    unnamed: Counter = field(default_factory=Counter)    # reason -> forwards
+    sizes: set = field(default_factory=set)
+    readers: set = field(default_factory=set)
+    example: str = ""
+
+    def to_json(self) -> dict:
+        fill = self.fill()
+        return {"kind": self.kind, "input": self.key, "forwards": self.forwards, "fill": fill[0] if fill else None,
+                "dtype": fill[1] if fill else None, "bytes": sorted(self.sizes),
+                "named": {f"{f} {d} ({s})": n for (f, d, s), n in sorted(self.named.items())},
+                "unnamed": dict(sorted(self.unnamed.items())), "readers": sorted(self.readers)[:8],
+                "evidence": self.example}
+
+    def fill(self) -> tuple[str, str] | None:
+        """The one trusted fill every naming forward agrees on, else None."""
+        trusted = {(f, d) for (f, d, s) in self.named if s in TRUSTED}
+        return trusted.pop() if len(trusted) == 1 else None
+
+
+def by_kind(fwds: list[ForwardInputs]) -> list[Entry]:
+    out: dict[tuple[str, str], Entry] = {}
+    for fi in fwds:
+        k = kind_of(fi)
+        for a in fi.arrays:
+            e = out.setdefault((k, key_of(a)), Entry(k, key_of(a)))
+            e.forwards += 1
+            e.sizes.add(a.size)
+            e.readers.update(r.symbol[:60] for r in a.readers if r.seq != a.seq or a.source == "copy")
+            m = a.named
+            if m is None:
+                e.unnamed[a.note or "no match"] += 1
+            else:
+                e.named[(m.fill, m.dtype, m.sure)] += 1
+                if not e.example or m.sure == "exact":
+                    e.example = f"forward {fi.forward}: {m.because}"
+    return sorted(out.values(), key=lambda e: (e.kind, e.key))
+
+
+@dataclass
+class Assigned:
+    name: str
+    fill: str | None
+    dtype: str | None
+    because: str
+
+
+def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
+    """Fill and dtype onto the input declarations (module docstring); returns one record per input."""
+    at = {fi.forward: fi for fi in fwds}
+    out = []
+    for d in decls.values():
+        if d.kind not in ("input", "inout"):
+            continue
+        start = d.base + d.lo
+        names: Counter = Counter()
+        seen, no_bytes, unnamed = 0, 0, Counter()
+        for p in progs:
+            for s in p.samples:
+                fi = at.get(s.forward)
+                for a in (fi.arrays if fi else []):
+                    if a.source != "copy" or not (a.dst <= start < a.dst + a.size):
+                        continue
+                    seen += 1
+                    m = a.named
+                    if a.data is None:
+                        no_bytes += 1
+                    elif m is None or m.sure not in TRUSTED:
+                        unnamed[a.note or f"only a {m.sure} {m.fill} match"] += 1
+                    else:
+                        names[(m.fill, m.dtype)] += 1
+        why = _why_not(d, seen, no_bytes, unnamed, names)
+        if why:
+            out.append(Assigned(d.name, None, None, why))
+            continue
+        (fill, dtype), n = names.most_common(1)[0]
+        d.fill, d.dtype = fill, dtype
+        out.append(Assigned(d.name, fill, dtype, f"{n} copy(ies) into its first byte in the program's forwards "
+                                                 f"are named {fill} ({dtype}); none names another fill"))
+    return out
+
+
+def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> str:
+    if not seen:
+        return "no host-to-device copy of the program's forwards writes it (staged on the device, or no copy log)"
+    if len(names) > 1:
+        return "its copies are named differently in different forwards: " + ", ".join(
+            f"{f} {t} x{n}" for (f, t), n in names.most_common())
+    if not names:
+        parts = ([f"{no_bytes} copy(ies) without kept bytes (over MINE_CAPTURE_COPY_BYTES)"] if no_bytes else [])
+        parts += [f"{why} (x{n})" for why, n in unnamed.most_common(2)]
+        return "not named: " + "; ".join(parts)
+    (fill, dtype), _ = names.most_common(1)[0]
+    if d.kind == "inout":
+        return f"its copies hold {fill}, but a call writes it later (kind inout): kern puts a fill on an input only"
+    if d.size % SIZES[dtype]:
+        return f"its copies hold {fill} as {dtype}, but its {d.size} bytes are no whole number of {dtype} elements"
+    return ""
+
+
+def lines(entries: list[Entry], assigned: list[Assigned] | None = None) -> list[str]:
+    """The report `mine compile --explain-inputs` prints."""
+    out = []
+    for kind in sorted({e.kind for e in entries}):
+        out.append(f"{kind}:")
+        for e in (x for x in entries if x.kind == kind):
+            f = e.fill()
+            named = ", ".join(f"{fl} {d} ({s}) x{n}" for (fl, d, s), n in e.named.most_common())
+            head = f"  {e.key} [{'/'.join(str(s) for s in sorted(e.sizes))} B, {e.forwards} forward(s)]"
+            out.append(f"{head}: {f[0] + ' ' + f[1] if f else 'unnamed'}" + (f"; matches {named}" if named else ""))
+            if e.example:
+                out.append(f"      evidence: {e.example}")
+            for why, n in e.unnamed.most_common(2):
+                out.append(f"      not named in {n} forward(s): {why}")
+    if assigned is not None:
+        out.append("manifest inputs:")
+        out += [f"  {a.name}: {a.fill + ' ' + a.dtype if a.fill else 'no fill'} -- {a.because}" for a in assigned]
+    return out

@@ -1,0 +1,249 @@
+"""What the host gave each forward: its host-to-device copies, who reads them, and what they hold.
+
+Why: a manifest's inputs are what the host writes before a forward; a serving loop must know which
+is the token ids, which the positions... (kern's `fill`). The copy log (copies.jsonl,
+`mining.copies`) records every host-to-device copy with the launch seq it precedes and the bytes of
+small ones; this module ties those copies to the analysis' forwards and names them
+(`compiler.fills`) against the step of the requests they served (`compiler.requests`).
+
+Per forward (the analysis' launch range [first_seq, last_seq]):
+- **copies**: those whose `seq_before` is the forward's first launch, or falls after the previous
+  forward and up to this one's first (`before`), or between its launches (`inside`), of the reader
+  rule's kind (succeeded, not a graph node); their bytes where the log kept them.
+- **readers**: the forward's launches with a pointer word inside the copy's [dst, dst + size).
+- **host reads**: launch words into pinned host memory (allocs.jsonl host ranges,
+  `compiler.launches`): the engine reads those through a mapping, with no copy the log could see;
+  the launch record's host pointee (MINE_CAPTURE_HOST_BYTES, 64 B by default) gives their first
+  bytes, matched as a prefix.
+- **step**: the step of the requests whose values the forward's arrays equal (most exact
+  matches; the forward's token count where the analysis has one must agree), and per array its
+  matches.
+
+Not checked: that an async copy on another stream landed before its readers ran (the engine's
+events order it), and device-side writes over a copied range (a kernel that rewrites positions).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from compiler import fills
+from compiler.launches import host_ranges
+from compiler.requests import Requests, Step
+
+
+@dataclass
+class Reader:
+    seq: int
+    symbol: str
+    i: int
+    at: int
+    offset: int                # the word's offset into the copied range
+
+
+@dataclass
+class Array:
+    """One piece of host data a forward received: a copy, or a host pointee a launch read."""
+    source: str                # copy | host
+    seq: int                   # the copy's seq, or the reading launch's
+    dst: int                   # device destination (copy) or host address (pointee)
+    size: int                  # bytes written (copy) or kept (pointee)
+    where: str                 # before | inside (copies); param i@at of the launch (host)
+    data: bytes | None         # None: the log did not keep them (larger than MINE_CAPTURE_COPY_BYTES)
+    readers: list[Reader] = field(default_factory=list)
+    alloc: tuple[int, int] | None = None    # (base, offset) of the destination's allocation
+    matches: list[fills.Match] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def named(self) -> fills.Match | None:
+        return self.matches[0] if self.matches else None
+
+
+@dataclass
+class ForwardInputs:
+    forward: int
+    phase: str
+    tokens: int | None
+    first: int
+    last: int
+    arrays: list[Array] = field(default_factory=list)
+    step: Step | None = None
+    step_because: str = ""
+
+
+def _allocs(dump) -> list[tuple[int, int]]:
+    a = getattr(dump, "allocs", None)
+    if a is None or len(a) == 0:
+        return []
+    d = a[(a["event"].astype(str) == "alloc") & (a["result"] == 0)]
+    return sorted((int(b), int(s)) for b, s in zip(d["base"], d["size"]))
+
+
+def _alloc_of(allocs, v: int, params=None) -> tuple[int, int] | None:
+    for b, s in allocs:
+        if b <= v < b + s:
+            return b, v - b
+    return None
+
+
+def host_pointees(dump, seqs: set[int]) -> dict[tuple[int, int, int], tuple[int, bytes]]:
+    """(launch seq, param, at) -> (host address, pointee bytes) from the launch records (launches.bin,
+    or a plain launches.jsonl); empty when the dump keeps none."""
+    src = Path(str(dump.source))
+    out: dict = {}
+    if src.name == "launches.bin":
+        from vocab.binfmt import BinDump
+        recs = (r for r in BinDump(src.parent).records() if r["seq"] in seqs)
+    elif src.name == "launches.jsonl":
+        recs = (r for r in map(_json, src.read_bytes().splitlines()) if r and r.get("seq") in seqs)
+    else:
+        return out
+    for r in recs:
+        for p in r.get("params") or []:
+            for h in p.get("host") or []:
+                out[(r["seq"], p["i"], h["at"])] = (int(h["addr"], 16), bytes.fromhex(h["hex"]))
+    return out
+
+
+def _json(line: bytes):
+    if b'"host"' not in line:
+        return None
+    try:
+        return json.loads(line[line.rfind(b"\0") + 1:])
+    except ValueError:
+        return None
+
+
+def collect(dump, doc) -> list[ForwardInputs]:
+    """Per forward of the analysis (with launches): its copies, their readers, its host reads."""
+    fwds = sorted((f for f in doc.passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    C = getattr(dump, "copies", None)
+    P = dump.params
+    ptr = P[P["is_ptr"]]
+    pseq, pval = ptr["seq"].to_numpy(np.int64), ptr["value"].to_numpy(np.uint64)
+    pi, pat = ptr["i"].to_numpy(), ptr["at"].to_numpy()
+    sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
+    allocs = _allocs(dump)
+    hosts = host_ranges(dump) or []
+    out = []
+    owner = _owners(C, fwds) if C is not None and len(C) else {}
+    for f in fwds:
+        fi = ForwardInputs(f.forward, f.phase, f.tokens, f.first_seq, f.last_seq)
+        if owner:
+            sel = C[C["seq"].map(owner).eq(f.forward)].sort_values("seq")
+            for r in sel.itertuples(index=False):
+                dst, size = int(r.dst), int(r.size)
+                a = Array("copy", int(r.seq), dst, size, "before" if r.seq_before <= f.first_seq else "inside",
+                          r.data if r.has_bytes else None, alloc=_alloc_of(allocs, dst))
+                hit = ((pseq >= max(f.first_seq, int(r.seq_before))) & (pseq <= f.last_seq)
+                       & (pval >= np.uint64(dst)) & (pval < np.uint64(dst + size)))
+                for k in np.flatnonzero(hit):
+                    a.readers.append(Reader(int(pseq[k]), sym.get(int(pseq[k]), ""), int(pi[k]), int(pat[k]),
+                                            int(pval[k]) - dst))
+                fi.arrays.append(a)
+        out.append(fi)
+    if hosts:
+        _host_reads(dump, out, hosts, sym)
+    return out
+
+
+def _owners(C, fwds) -> dict[int, int]:
+    """copy seq -> the forward it feeds: the forward whose first launch is the copy's `seq_before`;
+    else one whose launches the copy falls between (`inside`); else the next forward to start.
+    (Forwards may overlap: an engine launches a forward's sampling after the next one's first.)"""
+    firsts = np.array([f.first_seq for f in fwds], np.int64)
+    out = {}
+    ok = C[(C["result"] == 0) & ~C["in_graph"] & (C["size"] > 0)]
+    for seq, before in zip(ok["seq"].astype(int), ok["seq_before"].astype(int)):
+        k = int(np.searchsorted(firsts, before, side="left"))
+        if k < len(fwds) and fwds[k].first_seq == before:
+            out[seq] = fwds[k].forward
+            continue
+        inside = [f for f in fwds if f.first_seq < before <= f.last_seq]
+        if inside:
+            out[seq] = inside[-1].forward
+        elif k < len(fwds):
+            out[seq] = fwds[k].forward
+    return out
+
+
+def _host_reads(dump, fwds: list[ForwardInputs], hosts, sym) -> None:
+    """The launches of each forward with a word into pinned host memory, with their pointees."""
+    P = dump.params
+    cand = P[(P["size"] >= 8) & ~P["is_ptr"]]
+    lo = np.array([h[0] for h in hosts], np.uint64)
+    hi = np.array([h[1] for h in hosts], np.uint64)
+    v = cand["value"].to_numpy(np.uint64)
+    k = np.searchsorted(lo, v, side="right") - 1
+    inside = (k >= 0) & (v < hi[np.clip(k, 0, None)]) & (cand["at"].to_numpy() % 8 == 0)
+    rows = cand[inside]
+    pointees = host_pointees(dump, set(rows["seq"].astype(int).tolist()))
+    by = {}
+    for s, i, at, val in zip(rows["seq"].astype(int), rows["i"].astype(int), rows["at"].astype(int),
+                             rows["value"].astype(np.uint64)):
+        by.setdefault(s, []).append((i, at, int(val)))
+    for fi in fwds:
+        for s in sorted(x for x in by if fi.first <= x <= fi.last):
+            for i, at, val in by[s]:
+                got = pointees.get((s, i, at))
+                a = Array("host", s, val, len(got[1]) if got else 0, f"{sym.get(s, '')} param {i}@{at}",
+                          got[1] if got else None, [Reader(s, sym.get(s, ""), i, at, 0)])
+                if got is None:
+                    a.note = "the launch record keeps no pointee bytes for this word"
+                fi.arrays.append(a)
+
+
+def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
+    """Each forward's step (the one its arrays match best) and each array's matches."""
+    used: set[int] = set()
+    for fi in fwds:
+        # the analysis' token count ranks, never filters: a batched forward's count may be its
+        # sequences (issue 17); the step whose values the most arrays equal exactly wins
+        best, key = None, (0,)
+        for s in ([] if reqs is None else reqs.steps):
+            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
+                                                           fills.match(a.data, s, prefix=a.source == "host")))
+            k = (n, s.tokens == fi.tokens, s.index not in used, -s.index)
+            if n and k > key:
+                best, key = s, k
+        if best is not None:
+            fi.step = best
+            used.add(best.index)
+            agree = ("" if fi.tokens is None else f"; its {best.tokens} tokens agree with the analysis'"
+                     if best.tokens == fi.tokens else f"; the analysis counts {fi.tokens} tokens, the step "
+                     f"{best.tokens} (sequences {len(best.runs)})")
+            fi.step_because = f"{key[0]} of the forward's arrays equal step {best.index}'s values exactly{agree}"
+        elif reqs is not None:
+            fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+        for a in fi.arrays:
+            if a.data is None:
+                a.note = a.note or (f"the copy log did not keep its {a.size} bytes (over MINE_CAPTURE_COPY_BYTES)"
+                                    if a.source == "copy" else "no pointee bytes")
+                continue
+            a.matches = fills.match(a.data, fi.step, fi.tokens, prefix=a.source == "host")
+            _blocks_with_slots(fi, a)
+            if not a.matches:
+                a.note = ("matches no input of step %d" % fi.step.index if fi.step is not None
+                          else "matches nothing by structure, and no step is known")
+
+
+def _blocks_with_slots(fi: ForwardInputs, a: Array) -> None:
+    """A weak blocks match becomes `structure` when the forward's slot array agrees with it."""
+    m = a.named
+    if m is None or m.fill != "blocks" or fi.step is None:
+        return
+    for b in fi.arrays:
+        s = b.named
+        if s is not None and s.fill == "slot" and not s.prefix and b.data:
+            v = fills.arrays(a.data)[m.dtype]
+            slots = fills.arrays(b.data)[s.dtype]
+            for page in fills.PAGES[::-1]:
+                if fills.check_blocks(v, fi.step, slots, page):
+                    a.matches[0] = fills.Match("blocks", m.dtype, "structure", m.because + f"; every token's slot // "
+                                               f"{page} is its row's page entry (copy {b.seq})", m.elements, False, page)
+                    return
