@@ -2,7 +2,7 @@
 
     python -m capture.pack_fixture DUMP OUT.tar.xz [--max-launches 3000] [--max-cubin-bytes 2000000]
 
-Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl, allocs.jsonl, functions.jsonl and
+Keeps meta.json, modules.jsonl, graphs.jsonl, tensormaps.jsonl, allocs.jsonl, functions.jsonl, copies.jsonl and
 the first launches of each process (launches.jsonl lines, or launches.bin records), and the cubins those launches use (most-launched first, each under --max-cubin, all under
 --max-cubin-bytes). Drops the cubin files of NVIDIA's closed libraries (modules whose entries look
 like cuBLAS/cuBLASLt/cuDNN/NCCL kernels), modules no kept launch uses, and any cubin past the
@@ -61,7 +61,7 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
         for proc in sorted(dump.glob("pid*")):
             rel = proc.name
             for name in ("meta.json", "modules.jsonl", "graphs.jsonl", "tensormaps.jsonl", "allocs.jsonl",
-                         "functions.jsonl"):
+                         "functions.jsonl", "copies.jsonl"):
                 if (proc / name).is_file():
                     data = (proc / name).read_bytes()
                     add_bytes(f"{rel}/{name}", scrub_meta(data) if name == "meta.json" else data)

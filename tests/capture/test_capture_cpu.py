@@ -155,6 +155,19 @@ def test_pack_fixture_keeps_a_binary_dump_whole(tmp_path):
     assert res["cubins_kept"] == 3 and res["cubins_dropped"] == 0
 
 
+def test_pack_fixture_keeps_the_copy_log(tmp_path):
+    """The copy log (copies.jsonl) survives packing: a fixture's inputs are named from it."""
+    from capture import pack_fixture
+
+    d = _extract("probe_io.tar.xz", tmp_path / "in")
+    pack_fixture.pack(d, tmp_path / "out.tar.xz", max_launches=10**6, max_cubin_bytes=10**7)
+    again = _extract(str(tmp_path / "out.tar.xz"), tmp_path / "again")
+    logs = sorted(d.glob("pid*/copies.jsonl"))
+    assert logs
+    for log in logs:
+        assert (again / log.parent.name / "copies.jsonl").read_bytes() == log.read_bytes()
+
+
 def test_pack_fixture_budget_keeps_the_most_used_kernels(tmp_path):
     """Under a cubin budget the packer keeps as many launched cubins as fit, smallest first: a
     large framework cubin must not crowd out a model's small kernel (the torch capture's two
