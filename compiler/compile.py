@@ -4,7 +4,8 @@ The library function under `mine compile` (docs/compile.md is the contract). Ste
 read (`mining.load`), its analysis taken from `analysis` (`mine analyze --json`, or `mine replay
 --flow-out`, whose measured data flow sharpens the directions) or computed; `programs` picks the
 decode and prefill forwards and their calls; `buffers` decides what every address holds;
-`exprs` fits what varies; `emit` writes the manifest, which must pass `manifests.verify` (else
+`exprs` fits what varies; `inputs` / `input_fills` name the inputs from the copy log and the
+host-mapped reads (kern fills; `explain_dump` reports them without compiling); `emit` writes the manifest, which must pass `manifests.verify` (else
 `RejectedManifest`: a compiler bug, one sentence). Into the output folder: `manifest.json`,
 `provenance.json` (what each decision rests on) and `kernels/` (the dump's cubins by sha256; a
 module the dump holds by hash only is listed in the result's notes, and the offline ABI check
