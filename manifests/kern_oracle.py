@@ -59,7 +59,11 @@ def _rank_zero(path) -> dict:
         with open(path, "rb") as f:
             doc = json.load(f)
         groups = doc.get("topology", {}).get("groups", {})
-        return {str(g): (0, int(n)) for g, n in groups.items() if isinstance(n, int) and n > 0}
+        sizes = {str(g): n for g, n in groups.items()}
+        if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2 ** 32
+                                for n in sizes.values()):
+            return {}   # no topology, or one kern must judge as written (a size no rank can take)
+        return {g: (0, n) for g, n in sizes.items()}
     except (OSError, ValueError, AttributeError, TypeError):
         return {}
 

@@ -159,4 +159,6 @@ def test_kern_llm_accepts_plain_structure(experts, tmp_path):
     p.write_text(dumps(decode.generate(CFG, StandIn(TABLE), experts, dcp=False)))
     r = subprocess.run([sys.executable, "-m", "manifests.kern_oracle", str(p)], capture_output=True, text=True,
                        cwd=ROOT)
-    assert r.stdout.startswith("ACCEPTED") and "topology" in r.stdout, r.stdout[:500]
+    # checked as rank 0 of its topology (manifests/kern_oracle.py), it passes every check and
+    # stops only at loading libcuda
+    assert r.stdout.startswith("ACCEPTED") and "cuda" in r.stdout, r.stdout[:500]

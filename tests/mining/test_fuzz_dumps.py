@@ -85,6 +85,8 @@ def _prefix(name: str, data: bytes) -> bytes:
     if name == "launches.bin":
         from vocab import binfmt
         offs = binfmt.scan(data).offsets
+        if len(offs) < 2:    # one record (then the writer's zeros, a process that ended by _exit)
+            return data[:PREFIX_BYTES]
         k = int(np.searchsorted(offs, PREFIX_BYTES, side="right")) - 1
         return data[:int(offs[max(k, 1)])]
     cut = data.rfind(b"\n", 0, PREFIX_BYTES) + 1
