@@ -26,10 +26,9 @@ from compiler.errors import CompileError
 from compiler.exprs import ROWS, Fitter, lanes
 from compiler.externs import GEMM_ENTRY
 from compiler.programs import Program
-from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION, pointer_type
+from vocab.wire import DTYPE_BYTES, EXTERN_PARAMS, SCHEMA_VERSION, pointer_type
 
 SCALAR = {1: "u8", 4: "i32", 8: "i64"}
-ELEMENT = {"u8": 1, "bf16": 2, "i32": 4, "i64": 8}
 
 
 def _signed(v: int, bits: int) -> int:
@@ -190,7 +189,7 @@ def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, l
         if d.kind == "state":
             states[d.name] = {"bytes": d.size}
             continue
-        el = ELEMENT[d.dtype]
+        el = DTYPE_BYTES[d.dtype]
         b = {"dtype": d.dtype, "shape": [d.size // el], "kind": d.kind}
         if d.fill:
             b["fill"] = d.fill

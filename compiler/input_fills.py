@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from compiler.inputs import Array, ForwardInputs
+from vocab.wire import DTYPE_BYTES
 
-SIZES = {"i32": 4, "i64": 8}
 TRUSTED = ("exact", "structure")
 
 
@@ -138,7 +138,7 @@ def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> s
     (fill, dtype), _ = names.most_common(1)[0]
     if d.kind == "inout":
         return f"its copies hold {fill}, but a call writes it later (kind inout): kern puts a fill on an input only"
-    if d.size % SIZES[dtype]:
+    if d.size % DTYPE_BYTES[dtype]:
         return f"its copies hold {fill} as {dtype}, but its {d.size} bytes are no whole number of {dtype} elements"
     return ""
 

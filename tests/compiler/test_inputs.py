@@ -1,8 +1,8 @@
 """Inputs by provenance (compiler.requests, fills, inputs, input_fills): the host's copies and
 host-mapped reads of each forward, named against the requests, onto the manifest's fills.
 
-Real capture: q2b (batched vLLM, groups of 1, 8 and 32; its fixture holds no copies.jsonl, see
-docs/compile.md), whose host-mapped staging reads are matched against its truth. Known truth:
+Real capture: q2b (batched vLLM, groups of 1, 8 and 32, with its copy log), whose copies and
+host-mapped staging reads are matched against its truth. Known truth:
 copy logs planted (tests/compiler/copyplant.py) into the dump simulator and into the q2e capture,
 whose compiled manifest then carries the planted fills and passes kern's verification."""
 
@@ -229,13 +229,30 @@ def test_q2b_host_mapped_reads_are_found_and_the_prefill_offsets_named():
     assert {len(f.step.runs) for f, _ in hits} == prefill_groups
 
 
+def test_q2b_copies_name_the_batched_prefill_inputs_against_the_truth():
+    """q2b's copy log: each copy tied to one forward, and the batched prompts' token ids (and the
+    sequence lengths) named exactly against the truth's prefill steps; the bytes the log did not
+    keep are said so."""
+    dump, doc, reqs, fwds = _q2b()
+    assert dump.copies is not None and len(dump.copies)
+    copies = [a for f in fwds for a in f.arrays if a.source == "copy"]
+    ok = dump.copies[(dump.copies["result"] == 0) & ~dump.copies["in_graph"] & (dump.copies["size"] > 0)]
+    assert len(copies) == len({a.seq for a in copies}) == len(ok)          # each copy in one forward
+    toks = [(f, a) for f in fwds for a in f.arrays
+            if a.source == "copy" and a.named and a.named.fill == "token" and a.named.sure == "exact"]
+    assert toks and all(f.step.prefill and a.size == 4 * f.step.tokens for f, a in toks)
+    assert any(len(f.step.runs) > 1 for f, _ in toks)                       # a batched prompt set
+    big = [a for a in copies if a.size > 4096]
+    assert big and all(a.data is None and "did not keep" in a.note for a in big)
+
+
 def test_q2b_explain_inputs_cli(tmp_path):
     out = tmp_path / "x"
     r = subprocess.run([sys.executable, "-m", "mine.cli", "compile", str(Q2B), "-o", str(out), "--explain-inputs",
                         "--requests", str(Q2B_TRUTH)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "no copy log" in r.stdout and "decode:" in r.stdout and "prefill:" in r.stdout
-    assert "cu_seqlens i32" in r.stdout
+    assert "a copy log" in r.stdout and "decode:" in r.stdout and "prefill:" in r.stdout
+    assert "cu_seqlens i32" in r.stdout and "copy to alloc" in r.stdout
     doc = json.loads((out / "inputs.json").read_text())
     assert any(e["fill"] == "cu_seqlens" for e in doc["by_kind"])
     bad = tmp_path / "bad.json"
