@@ -200,13 +200,13 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     n_fwd = len(passes.forwards)
     ref = S.choose_reference(dump.launches, sites, n_fwd)
     phase_notes: list[str] = []
-    passes.forwards = tag_phases(passes.forwards, ref.tokens, phase_notes)
+    passes.forwards = tag_phases(passes.forwards, ref.tokens, phase_notes, passes.startup_until_ns)
     serve = set(passes.forwards.loc[passes.forwards["phase"] == "serve", "forward"].tolist())
     if ref.symbol is not None and len(serve) < n_fwd:
         # judged again on the serving forwards alone; phases follow the final choice
         ref = S.choose_reference(dump.launches, sites, n_fwd, among=serve)
         phase_notes = []
-        passes.forwards = tag_phases(passes.forwards, ref.tokens, phase_notes)
+        passes.forwards = tag_phases(passes.forwards, ref.tokens, phase_notes, passes.startup_until_ns)
     notes += phase_notes
     if n_fwd < 2:
         notes.append(f"only {n_fwd} forward pass(es) found: every non-constant fit is underdetermined")

@@ -13,13 +13,24 @@ on the timeline, a process not injected) and nothing was invented.
   every CUDA-graph replay (mining/graphs.py), never the launches recorded inside a stream capture
   (they defined a graph, they did not run then);
 - `compare(trace, capture)`: per (name, grid, block), the count on each side (`Completeness`);
-- `reduce_trace(src, dst)`: a trace cut down to its kernel events, small enough to commit.
+- `reduce_trace(src, dst)`: a trace cut down to its kernel events, small enough to commit;
+- `copy_nodes(dump, start_ns, end_ns)` and `loaded_names(dump)`: what accounts for the driver's
+  own copy kernels (below).
+
+Driver copy kernels. A CUDA graph's memcpy node (a D2D copy captured with the kernels, as a
+graph copying its result into its static output buffer) can run on the GPU as a kernel of the
+driver's own (`memcpy32_post` on the H200's driver 580): kineto reports it among the kernels, but
+no launch API call exists for it, so no launch callback sees it, and no module the process loaded
+holds it. The capture knows such nodes only as a count: a capture's `nodes` above the kernels
+recorded into it. So `compare(..., copy_nodes=n, names=loaded_names(dump))` accounts for at most n
+trace executions, of kernels whose name no loaded module carries, as `driver` (reported
+separately, never as matched); any other difference stays missing or extra.
 
 Names are compared after collapsing whitespace: kineto demangles with the C++ runtime's demangler,
 the capture with the same one (`name`), so both carry the same text; a capture name left mangled
 falls back to its symbol. Not compared: timings (host launch time and device start differ by
-queueing), memcpy and memset activity (the capture records no copies as kernels), and kernels
-of other processes (a trace covers one process, as `load_dump` picks one).
+queueing), memcpy and memset activity (kineto's `gpu_memcpy`/`gpu_memset` events, not kernels),
+and kernels of other processes (a trace covers one process, as `load_dump` picks one).
 """
 
 from __future__ import annotations
@@ -139,10 +150,69 @@ def capture_kernels(dump, start_ns: int | None = None, end_ns: int | None = None
     return out
 
 
+def copy_nodes(dump, start_ns: int | None = None, end_ns: int | None = None) -> int:
+    """Non-kernel nodes the graph replays in [start_ns, end_ns] ran: per replay, its graph's node
+    count (graphs.jsonl `capture_end` `nodes`) less the kernels captured into it."""
+    from mining.graphs import executed, read_graphs
+
+    g = read_graphs(dump.source.parent)
+    rep = executed(dump.launches, g).replays
+    if rep.empty:
+        return 0
+    t = rep["t_ns"].astype("int64")
+    ok = np.ones(len(rep), bool)
+    if start_ns is not None:
+        ok &= (t >= start_ns).to_numpy()
+    if end_ns is not None:
+        ok &= (t <= end_ns).to_numpy()
+    g = g[g["t_ns"].notna()].astype({"t_ns": "int64"}).sort_values("t_ns", kind="stable")
+    inst, ends = g[g["event"] == "instantiate"], g[g["event"] == "capture_end"]
+    n = 0
+    for x, when, kernels in rep.loc[ok, ["exec", "t_ns", "kernels"]].itertuples(index=False):
+        i = inst[(inst["exec"] == x) & (inst["t_ns"] <= when)]
+        c = ends[(ends["graph"] == i["graph"].iloc[-1]) & (ends["t_ns"] <= i["t_ns"].iloc[-1])] if len(i) else i
+        if len(c) and pd.notna(c["nodes"].iloc[-1]):
+            n += max(int(c["nodes"].iloc[-1]) - int(kernels), 0)
+    return n
+
+
+def loaded_names(dump) -> set[str]:
+    """Every function name the process had: its launches' names and symbols, and the entries of
+    every module it loaded (modules.jsonl)."""
+    L = dump.launches
+    out = set(L["name"].astype(str)) | set(L["symbol"].astype(str))
+    src = dump.source.parent / "modules.jsonl"
+    if src.is_file():
+        for line in src.read_bytes().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and isinstance(r.get("entries"), list):
+                out |= {e for e in r["entries"] if isinstance(e, str)}
+    return {_norm(n) for n in out}
+
+
+def _loaded(name: str, names: set[str]) -> bool:
+    """Does a loaded function carry `name` (as-is, or demangled: its innermost identifier appears
+    length-prefixed, as the Itanium mangling writes it, in a loaded symbol)."""
+    if name in names:
+        return True
+    head = re.split(r"[(<]", name.replace("(anonymous namespace)", "anon"))[0].split()
+    ident = re.findall(r"[A-Za-z_]\w*", head[-1].split("::")[-1]) if head else []
+    if not ident:
+        return False
+    tag = f"{len(ident[-1])}{ident[-1]}"
+    return any(tag in n for n in names)
+
+
 @dataclass
 class Completeness:
-    """Per (name, grid, block): `trace` and `capture` counts (`rows`, sorted by name)."""
+    """Per (name, grid, block): `trace` and `capture` counts and `driver`, the trace executions
+    accounted for as the driver's copy kernels (`rows`, sorted by name); `copy_nodes`, the
+    non-kernel graph nodes that could account for them."""
     rows: pd.DataFrame
+    copy_nodes: int = 0
 
     @property
     def trace_kernels(self) -> int:
@@ -153,9 +223,19 @@ class Completeness:
         return int(self.rows["capture"].sum())
 
     @property
+    def driver_kernels(self) -> int:
+        return int(self.rows["driver"].sum())
+
+    @property
+    def driver(self) -> pd.DataFrame:
+        """Kernel shapes (some of) whose trace executions are the driver's copy kernels."""
+        return self.rows[self.rows["driver"] > 0]
+
+    @property
     def missing(self) -> pd.DataFrame:
-        """Kernel shapes the trace ran more often than the capture holds them."""
-        return self.rows[self.rows["capture"] < self.rows["trace"]]
+        """Kernel shapes the trace ran more often than the capture holds them (driver copy
+        kernels apart)."""
+        return self.rows[self.rows["capture"] + self.rows["driver"] < self.rows["trace"]]
 
     @property
     def extra(self) -> pd.DataFrame:
@@ -172,15 +252,22 @@ class Completeness:
                      "block": [r.block_x, r.block_y, r.block_z], "trace": int(r.trace), "capture": int(r.capture)}
                     for r in df.head(limit).itertuples()]
         return {"complete": self.complete, "trace_kernels": self.trace_kernels,
-                "capture_kernels": self.capture_kernels, "shapes": int(len(self.rows)),
+                "capture_kernels": self.capture_kernels, "driver_kernels": self.driver_kernels,
+                "copy_nodes": int(self.copy_nodes), "driver": recs(self.driver), "shapes": int(len(self.rows)),
                 "names": int(self.rows["name"].nunique()) if len(self.rows) else 0,
                 "missing": recs(self.missing), "extra": recs(self.extra),
                 "missing_shapes": int(len(self.missing)), "extra_shapes": int(len(self.extra))}
 
     def lines(self, limit: int = 10) -> list[str]:
         """A few lines for a terminal: the verdict and the first differences."""
+        drv = f" + {self.driver_kernels:,} driver copy kernel(s)" if self.driver_kernels else ""
         out = [f"completeness: {'complete' if self.complete else 'DIFFERS'}: trace {self.trace_kernels:,} kernel "
-               f"executions, capture {self.capture_kernels:,}, {len(self.rows):,} (name, grid, block) shapes"]
+               f"executions, capture {self.capture_kernels:,}{drv}, {len(self.rows):,} (name, grid, block) shapes"]
+        if self.driver_kernels:
+            names = sorted(set(self.driver["name"]))
+            out.append(f"  driver copy kernels: {self.driver_kernels} trace execution(s) of {', '.join(names)[:70]} "
+                       f"(in no module the process loaded) for {self.driver_kernels} of the {self.copy_nodes} "
+                       f"non-kernel node(s) the graph replays ran")
         for what, df in (("missing from the capture", self.missing), ("extra in the capture", self.extra)):
             for r in df.head(limit).itertuples():
                 out.append(f"  {what}: {r.name[:70]} grid {[r.grid_x, r.grid_y, r.grid_z]} "
@@ -188,9 +275,12 @@ class Completeness:
         return out
 
 
-def compare(trace: pd.DataFrame, capture: pd.DataFrame) -> Completeness:
+def compare(trace: pd.DataFrame, capture: pd.DataFrame, copy_nodes: int = 0,
+            names: set[str] | None = None) -> Completeness:
     """Counts per (name, grid, block) on both sides; a trace event without grid or block (-1)
-    counts against the capture's kernels of that name regardless of their shape."""
+    counts against the capture's kernels of that name regardless of their shape. With
+    `copy_nodes` and `names` (`loaded_names`), up to copy_nodes trace executions the capture lacks,
+    of kernels no loaded module carries, are the driver's copy kernels (`driver`)."""
     t = trace[KEY].copy()
     c = capture[KEY].copy()
     blind = (t[KEY[1:]] < 0).any(axis=1)
@@ -201,4 +291,15 @@ def compare(trace: pd.DataFrame, capture: pd.DataFrame) -> Completeness:
     tc = t.groupby(KEY).size().rename("trace")
     cc = c.groupby(KEY).size().rename("capture")
     rows = pd.concat([tc, cc], axis=1).fillna(0).astype("int64").reset_index()
-    return Completeness(rows.sort_values(KEY, kind="stable").reset_index(drop=True))
+    rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
+    rows["driver"] = 0
+    budget = int(copy_nodes) if names is not None else 0
+    for k in np.flatnonzero((rows["trace"] > rows["capture"]).to_numpy()):
+        if budget <= 0:
+            break
+        if _loaded(rows.at[k, "name"], names):
+            continue
+        take = min(int(rows.at[k, "trace"] - rows.at[k, "capture"]), budget)
+        rows.at[k, "driver"] = take
+        budget -= take
+    return Completeness(rows, int(copy_nodes))

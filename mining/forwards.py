@@ -18,10 +18,18 @@ frame; a captured launch is in no forward, a replayed one is found in `executed`
 
 Request windows: host gaps *between* forwards only (a Triton JIT stall inside a forward is no
 request boundary), split by `passes._idle_threshold`.
-Phases (`tag_phases`): serving starts at the first request window holding a decode run (two or
-more consecutive forwards of equal tokens, not above the forward before them); forwards before
-it are `startup` (profile and warm-up passes), the rest `serve`. Without any decode run every
-forward is `serve` and a note says start-up cannot be told apart.
+Phases (`tag_phases`): an engine captures its CUDA graphs before it serves (vLLM, SGLang: at
+start-up, per batch size, each capture after eager warm-up runs at that size, which repeat the
+size like decode steps repeat theirs), so every forward that starts before the end of the last
+stream capture preceding the first graph replay (`capture_phase_end`) is `startup`; captures
+after the first replay (an engine capturing lazily while it serves) do not extend it. After that
+point serving starts at the first request window holding a decode run (two or more consecutive
+forwards of equal tokens, not above the forward before them); forwards before it are `startup`
+(profile and warm-up passes), the rest `serve`. Without any decode run every forward after the
+capture phase is `serve` and a note says start-up cannot be told apart. A warm-up *request* an
+engine sends itself over its own API after start-up (SGLang's server does) is a request like any
+other in the dump: it is `serve`; only the client's record of when it sent its requests (a truth
+file's `window`) tells them apart.
 """
 
 from __future__ import annotations
@@ -62,16 +70,33 @@ def _captures(launches: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
     return out[cols].fillna({"graph": "", "exec": ""})
 
 
+def capture_phase_end(graphs: pd.DataFrame) -> int | None:
+    """Host time (ns) the last stream capture made before the first graph replay ended; None when
+    the dump holds no such capture (no graph replayed, or only hand-built graphs)."""
+    if graphs is None or not len(graphs):
+        return None
+    t = graphs["t_ns"]
+    ends = t[(graphs["event"] == "capture_end") & t.notna()].astype("int64")
+    replays = t[(graphs["event"] == "launch") & t.notna()].astype("int64")
+    if not len(replays):
+        return None
+    ends = ends[ends < int(replays.min())]
+    return int(ends.max()) if len(ends) else None
+
+
 REQUEST_JUMP = 4.0   # how much longer than every shorter one the first between-request gap is
 
 
-def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray, stack_starts: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> np.ndarray:
+def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray, stack_starts: np.ndarray,
+              floor_ns: int = GAP_FLOOR_NS, learn_from: int = 0) -> np.ndarray:
     """Request window of each forward, from the longest host gap between the end of one forward
     and the first launch of the next (a stall *inside* a forward, a Triton JIT compile say, never splits
     a request). Gaps between steps of one request (scheduling, sampling, a prefill's first decode)
     and gaps between requests form two ranges; the threshold sits in the first jump of at least
     REQUEST_JUMP between consecutive distinct gaps that ends above floor_ns (later, larger jumps
-    separate start-up from serving, not requests)."""
+    separate start-up from serving, not requests). With a graph-capture phase the threshold is
+    chosen among the gaps after forward `learn_from` (where there are any): the capture phase's
+    warm-ups leave gaps of every length between the two ranges."""
     k = len(starts)
     if k == 0:
         return np.zeros(0, np.int32)
@@ -79,7 +104,7 @@ def _requests(t_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray, stack_star
     for i in range(k - 1):
         a, b = max(int(ends[i]) - 1, int(starts[i])), int(stack_starts[i + 1])
         between[i + 1] = np.diff(t_ns[a:b + 1]).max() if b > a else 0
-    g = np.unique(between[1:]).astype(float)
+    g = np.unique(between[max(1, learn_from):] if learn_from < k - 1 else between[1:]).astype(float)
     thr = np.inf
     for lo, hi in zip(g[:-1], g[1:]):
         if hi >= floor_ns and hi >= REQUEST_JUMP * max(lo, 1.0):
@@ -146,14 +171,16 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     # cuts match head and tail by kernel *name*: the first forwards of a window run other builds
     # of the same kernels (Triton specialises on sizes) than the steady decode cycle
     sym_codes = launches["symbol"].cat.codes.to_numpy().astype(np.int64)[E["row"].to_numpy()]
-    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks)
+    phase_end = capture_phase_end(graphs)
+    learn_from = 0 if phase_end is None else int(np.searchsorted(t[blocks.stacks[:, 0]], phase_end, side="right"))
+    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks, learn_from)
     forward = cuts.forward
     moved = _repair(codes, forward, np.zeros(n, np.int32))
     if moved:
         notes.append(f"{moved} launch(es) moved across a forward boundary (jitter)")
     layer, pos, patterns = steps.layer_map(n, blocks, cuts)
     b = cuts.boundaries
-    req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy(), b["start"].to_numpy())
+    req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy(), b["start"].to_numpy(), learn_from=learn_from)
     win_e = np.full(n, -1, np.int32)
     inside = forward >= 0
     win_e[inside] = req[forward[inside]]
@@ -194,7 +221,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     info = [dict(k, kind=letters[k["period"]], kernels=[str(names[c]) for c in k.pop("example")])
             for k in [dict(x) for x in blocks.kinds]]
     return Passes(win_row, fwd_row, gap_ns, str(names[main["example"][0]]), int(main["period"]), f, notes,
-                  E, "layer_stacks", info, captures, names)
+                  E, "layer_stacks", info, captures, names, phase_end)
 
 
 def _pattern(kinds: list[int], letters: dict[int, str]) -> str:
@@ -208,12 +235,15 @@ def _pattern(kinds: list[int], letters: dict[int, str]) -> str:
     return " ".join(f"{letters[k]}×{c}" for k, c in out)
 
 
-def tag_phases(forwards: pd.DataFrame, tokens: pd.Series, notes: list[str]) -> pd.DataFrame:
-    """`phase` per forward: `startup` before the first request window with a decode run, else `serve`."""
+def tag_phases(forwards: pd.DataFrame, tokens: pd.Series, notes: list[str],
+               startup_until_ns: int | None = None) -> pd.DataFrame:
+    """`phase` per forward: `startup` when it starts before `startup_until_ns` (the end of the
+    graph-capture phase) or before the first later request window with a decode run, else `serve`."""
     f = forwards.copy()
     tok = f["forward"].map(tokens)
     start = None
-    for w, grp in f.groupby("window", sort=True):
+    after = f if startup_until_ns is None else f[f["start_ns"] > startup_until_ns]
+    for w, grp in after.groupby("window", sort=True):
         v = tok[grp.index].to_numpy()
         for j in range(1, len(v) - 1):
             if pd.notna(v[j]) and v[j] == v[j + 1] and pd.notna(v[j - 1]) and v[j - 1] >= v[j]:
@@ -222,10 +252,11 @@ def tag_phases(forwards: pd.DataFrame, tokens: pd.Series, notes: list[str]) -> p
         if start is not None:
             break
     if start is None:
-        if len(f):
+        if len(after):
             notes.append("no decode run (two forwards of equal tokens in a row) found: start-up passes "
                          "cannot be told from requests, every forward counts as serving")
-        f["phase"] = "serve"
-    else:
-        f["phase"] = np.where(f["forward"] < start, "startup", "serve")
+        elif len(f):
+            notes.append("every forward starts before the graph-capture phase ends: all are start-up")
+        start = int(after["forward"].min()) if len(after) else (int(f["forward"].max()) + 1 if len(f) else 0)
+    f["phase"] = np.where(f["forward"] < start, "startup", "serve")
     return f

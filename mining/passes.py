@@ -61,6 +61,7 @@ class Passes:
     blocks: list[dict] = field(default_factory=list)
     captures: pd.DataFrame | None = None
     kernel_names: pd.Index | None = None   # executed["kernel"] code -> identity name (forwards.py)
+    startup_until_ns: int | None = None    # end of the graph-capture phase (forwards.capture_phase_end)
 
 
 def gap_threshold(t_ns: np.ndarray, floor_ns: int = GAP_FLOOR_NS) -> int:

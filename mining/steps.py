@@ -120,6 +120,11 @@ SEAM = 2         # launches two kinds of layer may have between them and still b
 SIMILAR = 0.6    # share of positions a block at a stack's edge must match to count as a layer
 
 
+def _repeats(codes: np.ndarray, a: int, p: int, k: int) -> bool:
+    """Is the p-kernel block at `a` one k-kernel block repeated p // k times?"""
+    return bool((codes[a:a + p] == np.tile(codes[a:a + k], p // k)).all())
+
+
 def _extend(codes: np.ndarray, runs: np.ndarray) -> np.ndarray:
     """Whole blocks added at a run's edges where the block there matches the run's neighbouring
     block in at least SIMILAR of its positions: the first layer of a compiled model is fused
@@ -282,7 +287,13 @@ def find_blocks(codes: np.ndarray, window: np.ndarray, names: np.ndarray | None 
         grown = np.concatenate([[0], np.cumsum(taken)])
         left = {}
         for p, r in cands.items():
-            if p in chosen or any(p % k == 0 for k in chosen):
+            if p in chosen:
+                continue
+            # a run whose block is a chosen block repeated is that kind again (two layers read as
+            # one block); a block of a multiple length that is no such repeat is a layer of its own
+            # (a 12-kernel layer beside a 6-kernel block of other launches)
+            r = r[[not any(p % k == 0 and _repeats(codes, int(a), p, k) for k in chosen) for a in r[:, 0]]]
+            if len(r) == 0:
                 continue
             # a run holding taken launches beyond its edges is a super-structure (whole forwards
             # repeating around their layers), not another kind of layer
@@ -410,8 +421,11 @@ def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: 
     return int(np.argmax(med))
 
 
-def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray) -> Cuts:
-    """One forward per stack; the launches between stacks split into tail and head (step 3)."""
+def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray, learn_from: int = 0) -> Cuts:
+    """One forward per stack; the launches between stacks split into tail and head (step 3). The
+    steady cycle is learnt from the gaps after stack `learn_from` when there are any (the stacks
+    after an engine's graph-capture phase: its warm-ups at every capture size repeat a gap of their
+    own more often than the requests repeat theirs)."""
     n, k = len(codes), len(stacks)
     forward = np.full(n, -1, np.int32)
     cols = ["forward", "start", "stack_start", "stack_end", "end", "cut_by", "confidence"]
@@ -422,7 +436,8 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray) -> Cut
     head_pat: tuple = ()
     common: tuple = ()
     if gaps:
-        common = pd.Series(gaps).value_counts().index[0]
+        learnt = gaps[learn_from:] if 0 < learn_from < len(gaps) else gaps
+        common = pd.Series(learnt).value_counts().index[0]
         # a host gap well above the longest gap of the steady cycle between two steps is a
         # request boundary; windows at that threshold show where the cycle is cut
         occ = [i for i, g in enumerate(gaps) if g == common]

@@ -7,8 +7,8 @@ PREFIX.truth.json and PREFIX.profile.json.gz as truth.py and capture.sh write th
 the committed tests assert (tests/mining/test_sglang_truth.py, test_sglang_completeness.py), so a
 GPU run says at once whether its fixture will pass them: the capture's kernels in the window
 against the trace's (mining/completeness.py), the serving forwards' token counts against the
-requests (padded to the CUDA-graph sizes the server reported, in graph mode), the layer count of
-every serving forward, the KV pool and weight strides, and the struct parameters' words.
+requests (the forwards inside the truth's window; padded to the CUDA-graph sizes the server
+reported, in graph mode), the layer count of every one of them, the KV pool and weight strides, and the struct parameters' words.
 """
 
 from __future__ import annotations
@@ -34,13 +34,26 @@ def padded(n: int, sizes: list[int]) -> int:
 
 
 def expected_forwards(truth: dict) -> list[int]:
-    """Tokens of every serving forward: a prefill of the prompt, then one-token decode steps, each
-    at the smallest graph size that holds it in graph mode."""
+    """Tokens of every forward the requests made: a prefill of the prompt, then one-token decode
+    steps; in graph mode each decode step at the smallest decode graph size that holds it, and a
+    prefill the server logged as a graph replay (`requests[].prefill.cuda_graph`) at the smallest
+    prefill graph size that holds it (an eager one at its own length)."""
     pre, dec = graph_sizes(truth, "prefill"), graph_sizes(truth, "decode")
     out: list[int] = []
     for r in truth["requests"]:
-        out += [padded(len(r["prompt"]), pre)] + [padded(1, dec)] * (len(r["output"]) - 1)
+        n = len(r["prompt"])
+        graph = bool(pre) and n <= pre[-1] and bool((r.get("prefill") or {}).get("cuda_graph", True))
+        out += [padded(n, pre) if graph else n] + [padded(1, dec)] * (len(r["output"]) - 1)
     return out
+
+
+def requested(forwards, truth: dict):
+    """The forwards inside the truth's `window` (the client's requests; the server's own warm-up
+    request before it is served too); without a window, the serving phase."""
+    w = truth.get("window")
+    if not w:
+        return forwards[forwards["phase"] == "serve"]
+    return forwards[(forwards["start_ns"] >= w["start_ns"]) & (forwards["end_ns"] <= w["end_ns"])]
 
 
 def check(prefix: str) -> dict:
@@ -55,14 +68,16 @@ def check(prefix: str) -> dict:
     prof = Path(f"{prefix}.profile.json.gz")
     if prof.is_file():
         w = truth.get("window") or {}
-        comp = C.compare(C.read_trace(prof), C.capture_kernels(dump, w.get("start_ns"), w.get("end_ns")))
+        a_ns, b_ns = w.get("start_ns"), w.get("end_ns")
+        comp = C.compare(C.read_trace(prof), C.capture_kernels(dump, a_ns, b_ns), C.copy_nodes(dump, a_ns, b_ns),
+                         C.loaded_names(dump))
         res["completeness"] = {"source": truth["profile"]["source"], **comp.to_json()}
         res["completeness_lines"] = comp.lines()
     else:
         res["completeness_lines"] = [f"completeness: no trace ({truth.get('profile')})"]
     a = analyze(dump)
     f = a.forwards
-    serve = f[f["phase"] == "serve"]
+    serve = requested(f, truth)
     want = expected_forwards(truth)
     got = [int(x) if x == x else None for x in serve["tokens"].tolist()]
     layers = truth["geometry"]["num_hidden_layers"]

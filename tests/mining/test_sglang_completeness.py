@@ -10,7 +10,13 @@ of difference (a kernel missing, one extra, a grid changed) caught.
 Then the committed SGLang fixtures (tests/fixtures/sglang/, made by examples/sglang_qwen3/
 device_run.sh on an H200): each capture, cut to the window its truth file records, against the
 kernel events of SGLang's own torch profiler trace of that run (`<name>.profile.json.gz`). A fixture
-is every `<name>.truth.json` there: committing the three files of a run is all it takes.
+is every `<name>.truth.json` there: committing the three files of a run is all it takes. In CUDA-graph
+mode the trace holds three `memcpy32_post` kernels the capture has no launch of: SGLang's prefill
+graphs end with a device-to-device copy node (their capture records one node more than its kernels),
+which the driver runs as a copy kernel of its own, one per replay (grids 96/192/352 blocks of 1 KiB:
+a 48-, 96- and 176-token hidden state in bf16, each right after the graph's final norm). They are
+accounted for against the copy nodes the replays in the window ran (`copy_nodes`), by name absent
+from every loaded module -- never against a kernel the process loaded.
 """
 
 from __future__ import annotations
@@ -151,6 +157,35 @@ def test_simulated_engine_is_complete_and_differences_are_caught(tmp_path, graph
     assert j["missing"][0]["name"] == "rope_kernel" and j["missing"][0]["grid"] == changed[k][1]
 
 
+def test_driver_copy_kernels_against_graph_copy_nodes(tmp_path):
+    """A graph whose capture holds one node more than its kernels (a memcpy node) ran, per
+    replay, one kernel of the driver's own: trace kernels of a name no loaded module carries are
+    accounted for against those nodes, never more of them than there are nodes, and a kernel the
+    process did load that the capture lacks stays missing."""
+    d = hand_made_dump(tmp_path)
+    g = tmp_path / "pid77" / "graphs.jsonl"
+    ev = [json.loads(x) for x in g.read_text().splitlines()]
+    for e in ev:
+        if e["event"] == "capture_end":
+            e["nodes"] = 3                                   # kB, kC and one copy node
+    g.write_text("".join(json.dumps(e) + "\n" for e in ev))
+    assert C.copy_nodes(d) == 2 and C.copy_nodes(d, 450, 550) == 1
+    names = C.loaded_names(d)
+    assert {"kA", "kB", "kC", "kD", "kE"} <= names and "memcpy32_post" not in names
+    run = [("kB", [2, 1, 1], [64, 1, 1]), ("kC", [3, 1, 1], [64, 1, 1]), ("memcpy32_post", [96, 1, 1], [256, 1, 1])]
+    win = C.capture_kernels(d, 450, 650)
+    trace = C.read_trace(write(tmp_path / "t.json.gz", kineto(run * 2)))
+    assert not C.compare(trace, win).complete                        # no accounting asked for
+    r = C.compare(trace, win, C.copy_nodes(d, 450, 650), names)
+    assert r.complete and r.driver_kernels == 2 and r.capture_kernels == 4
+    assert r.to_json()["driver"][0]["name"] == "memcpy32_post" and "driver copy kernels: 2" in r.lines()[1]
+    r = C.compare(trace, win, 1, names)                              # one node: one copy kernel too many
+    assert not r.complete and r.missing["name"].tolist() == ["memcpy32_post"] and r.driver_kernels == 1
+    extra_kd = C.read_trace(write(tmp_path / "u.json.gz", kineto(run * 2 + [("kD", [4, 1, 1], [64, 1, 1])])))
+    r = C.compare(extra_kd, win, 5, names)                           # kD was loaded: a real miss
+    assert not r.complete and r.missing["name"].tolist() == ["kD"]
+
+
 def test_events_without_dims_count_by_name(tmp_path):
     d = hand_made_dump(tmp_path)
     doc = kineto([("kB", [2, 1, 1], [64, 1, 1])] * 2)
@@ -168,6 +203,13 @@ def test_sglang_capture_is_complete(name):
     w = truth["window"]
     d = load_dump(base / f"{name}.tar.xz", cache=False)
     trace = C.read_trace(base / f"{name}.profile.json.gz")
-    r = C.compare(trace, C.capture_kernels(d, w["start_ns"], w["end_ns"]))
+    a, b = w["start_ns"], w["end_ns"]
+    r = C.compare(trace, C.capture_kernels(d, a, b), C.copy_nodes(d, a, b), C.loaded_names(d))
     assert r.trace_kernels > 100
     assert r.complete, "\n".join(r.lines())
+    # the driver's copy kernels are no more than the copy nodes the replays in the window ran, and
+    # of no function the process loaded (eager: none)
+    assert r.driver_kernels <= r.copy_nodes
+    assert not any(C._loaded(n, C.loaded_names(d)) for n in r.driver["name"])
+    if truth["mode"] == "eager":
+        assert r.driver_kernels == r.copy_nodes == 0

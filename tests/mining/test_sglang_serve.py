@@ -219,3 +219,22 @@ def test_check_py_reports_a_fixture_against_its_truth(tmp_path):
     bad = subprocess.run([sys.executable, str(EXAMPLE / "check.py"), str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("check.py: ") and "Traceback" not in bad.stderr
+
+
+def test_truth_reads_each_requests_prefill_from_the_server_log():
+    """truth.py's `prefills`: the log's last prefill lines, one per request (the server's own
+    warm-up request first), with SGLang's eager-or-graph verdict; None when they do not add up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sglang_truth", EXAMPLE / "truth.py")
+    T = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(T)
+
+    line = ("[t] Prefill batch, #new-seq: 1, #new-token: {n}, #cached-token: {c}, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: {g}, input throughput (token/s): 1.0\n")
+    log = "".join(line.format(n=n, c=c, g=g) for n, c, g in ((3, 0, True), (1, 0, False), (30, 4, True)))
+    reqs = [{"prompt": [7], "output": [1, 2]}, {"prompt": list(range(34)), "output": [1]}]
+    assert T.prefills(log, reqs) == [{"new_tokens": 1, "cached_tokens": 0, "cuda_graph": False},
+                                     {"new_tokens": 30, "cached_tokens": 4, "cuda_graph": True}]
+    assert T.prefills(log, reqs[::-1]) is None                  # lengths do not match the prompts
+    assert T.prefills(line.format(n=1, c=0, g=False), reqs) is None   # fewer lines than requests

@@ -3,16 +3,27 @@
 Why: the analysis must hold on SGLang as on vLLM without SGLang-specific rules, so these are the
 checks tests/mining/test_truth_suite.py makes of the vLLM captures, written against the truth file
 alone (examples/sglang_qwen3/truth.py writes it; the vLLM suite's files have the same `geometry`,
-`requests` and `mode`): the serving forwards are the requests (a prefill of the prompt, then one-token
-decode steps -- in CUDA-graph mode each at the smallest size SGLang captured a graph at, as the
-server reported its `cuda_graph_config`), every serving forward has the checkpoint's layer count,
-the KV pool sits at one stride in every layer and two kernels share it, per-layer weights span the
-layers, every pointer word inside a by-value struct is classified with a role, every struct word
-fitted to the token count reproduces the bytes it was fitted to, and the analysis JSON reads back.
+`requests` and `mode`): the forwards the requests made are a prefill of the prompt, then one-token
+decode steps -- in CUDA-graph mode each decode step at the smallest size SGLang captured a decode
+graph at, and each prefill the server logged as a graph replay (`requests[].prefill.cuda_graph`:
+SGLang runs a prefill eagerly when padding it to a captured size would waste too much, as the
+1-token prompt) at the smallest captured prefill size, the others at their own length -- every
+serving forward has the checkpoint's layer count, the KV pool sits at one stride in every layer
+and two kernels share it, per-layer weights span the layers, every pointer word inside a by-value
+struct is classified with a role, every struct word fitted to the token count reproduces the
+bytes it was fitted to, and the analysis JSON reads back.
+
+Which forwards are the requests: SGLang's server sends itself a warm-up request over its own HTTP
+API once it is up (a 3-token prompt, 8 new tokens), after start-up and after its CUDA graphs are
+captured. In the dump it is a request like any other, so the analysis tags it `serve` (what it can
+tell apart is start-up: profile and warm-up passes, graph-capture passes, tagged `startup`). The
+truth's `window` -- the CLOCK_MONOTONIC span from before the first request was sent to after the
+last was answered, the clock of the capture's launch times -- is what selects the requests'
+forwards here; the analysis must tag each of them `serve` and every `startup` forward before them.
 
 Cases: every `tests/fixtures/sglang/<name>.truth.json` (device_run.sh's fixtures: committing the
 files of a run adds them), and the vLLM suite's q2e, so the checks themselves run on a real
-capture before any SGLang fixture exists.
+capture without a window too.
 """
 
 from __future__ import annotations
@@ -52,28 +63,51 @@ def padded(n: int, sizes: list[int]) -> int:
     return next((s for s in sizes if s >= n), n)
 
 
-def expected_forwards(truth: dict) -> list[int]:
+def expected_forwards(truth: dict) -> list[tuple[int, bool]]:
+    """(tokens, run from a CUDA graph) of every forward the requests made, in order."""
     pre, dec = graph_sizes(truth, "prefill"), graph_sizes(truth, "decode")
-    out: list[int] = []
+    out: list[tuple[int, bool]] = []
     for r in truth["requests"]:
-        out += [padded(len(r["prompt"]), pre)] + [padded(1, dec)] * (len(r["output"]) - 1)
+        n = len(r["prompt"])
+        graph = bool(pre) and n <= pre[-1] and bool((r.get("prefill") or {}).get("cuda_graph", True))
+        out.append((padded(n, pre), True) if graph else (n, False))
+        step = (padded(1, dec), True) if dec else (1, False)
+        out += [step] * (len(r["output"]) - 1)
     return out
+
+
+def requested(a, truth: dict):
+    """The forwards the truth's requests made: those inside its `window` (the vLLM suite's files
+    have none: there the serving phase is the requests)."""
+    f = a.forwards
+    w = truth.get("window")
+    if not w:
+        return f[f["phase"] == "serve"]
+    return f[(f["start_ns"] >= w["start_ns"]) & (f["end_ns"] <= w["end_ns"])]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_serving_forwards_are_the_requests(case):
     a, truth = analysed(*case)
     f = a.forwards
-    serve = f[f["phase"] == "serve"]
+    req = requested(a, truth)
+    want = expected_forwards(truth)
     assert a.passes.method == "layer_stacks"
-    assert serve["tokens"].tolist() == expected_forwards(truth)
-    assert (f["phase"] == "startup").any()
-    assert f[f["phase"] == "startup"]["forward"].max() < serve["forward"].min()
-    if graph_sizes(truth, "decode"):
-        decode = serve[serve["tokens"] == padded(1, graph_sizes(truth, "decode"))]
-        assert (decode["replayed"] > 0).all() and (decode["tokens_from"] == "graph").all()
-    elif not graph_sizes(truth, "prefill"):
-        assert (serve["replayed"] == 0).all() and (serve["tokens_from"] == "launch").all()
+    assert req["tokens"].tolist() == [n for n, _ in want]
+    assert (req["phase"] == "serve").all()
+    assert (req["replayed"] > 0).tolist() == [g for _, g in want]
+    assert req["tokens_from"].tolist() == ["graph" if g else "launch" for _, g in want]
+    startup, serve = f[f["phase"] == "startup"], f[f["phase"] == "serve"]
+    assert len(startup) and startup["forward"].max() < serve["forward"].min()
+    if truth.get("window"):
+        w = truth["window"]
+        assert w["clock"] == "CLOCK_MONOTONIC"
+        t = a.dump.launches["t_ns"]
+        assert t.min() < w["start_ns"] < t.max() <= w["end_ns"]    # the capture's clock: the last
+        # launch (the last request's last decode step) falls inside the window
+        # serving forwards outside the window: the engine's own requests before the client's
+        outside = serve[~serve["forward"].isin(req["forward"])]
+        assert (outside["end_ns"] < w["start_ns"]).all()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -90,7 +124,12 @@ def test_kv_pool_and_weight_strides(case):
     st = a.strides
     kv = st[(st["role"] == "kv_pool") & st["stride"].notna() & (st["layers"] == layers)]
     assert len(kv) and kv.groupby("stride")["symbol"].nunique().max() >= 2
-    w = st[st["role"] == "weight"]
+    # per-layer weights of the kernels the requests ran: in CUDA-graph mode the start-up warm-ups
+    # at every capture size run other GEMM builds (the library picks one per shape), so a stride
+    # row of such a build holds only the layers where it ran in those warm-ups
+    t = a.sites.table
+    ran = set(t.loc[t["forward"].isin(requested(a, truth)["forward"]), "symbol"].astype(str))
+    w = st[(st["role"] == "weight") & st["symbol"].isin(ran)]
     assert len(w) and (w["layers"] == layers).mean() > 0.9
 
 
