@@ -85,15 +85,19 @@ def _dims(v) -> list[int]:
     return [-1, -1, -1]
 
 
+def _file_events(path: Path) -> list[dict]:
+    """The kernel events of the trace file at `path`; a TraceError names the file."""
+    doc = _load_json(path)
+    try:
+        return kernel_events(doc)
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from None
+
+
 def read_trace(path) -> pd.DataFrame:
     """The kernel events of the chrome trace at `path` (columns TRACE_COLS; -1 for a dim the event
     does not carry)."""
-    path = Path(path)
-    doc = _load_json(path)
-    try:
-        events = kernel_events(doc)
-    except TraceError as exc:
-        raise TraceError(f"{path}: {exc}") from None
+    events = _file_events(Path(path))
     rows = []
     for e in events:
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
@@ -107,11 +111,7 @@ def reduce_trace(src, dst) -> int:
     """Write `dst` (gzip when it ends .gz): `src`'s kernel events only, each with its name, ts,
     dur and the args grid, block, stream. Returns how many."""
     src, dst = Path(src), Path(dst)
-    doc = _load_json(src)
-    try:
-        events = kernel_events(doc)
-    except TraceError as exc:
-        raise TraceError(f"{src}: {exc}") from None
+    events = _file_events(src)
     keep = []
     for e in events:
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
