@@ -9,8 +9,11 @@ Lining sites up across forwards turns each forward into one sample point per sit
   from `passes.py`, whose jitter repair already put stray boundary launches back.
 - `choose_reference`: the token count is not recorded, so a proxy is chosen by the data: every
   grid axis of a kernel that runs exactly once per forward and varies is tried, and the one under
-  which the fewest sites fail to fit (or stay underdetermined) wins; ties go to more distinct
-  values, then fewer forwards dropped, then the smaller scale.
+  which the layer sites that fail to fit (or stay underdetermined) cover the fewest forwards wins,
+  then the one under which the fewest sites fail at all (the layers run every token of a step; a
+  batch's sampling and input staging run per sequence, so a sequence counter fits the tail and
+  must lose to the token counter the layers follow); ties go to more distinct values, then fewer
+  forwards dropped, then the smaller scale.
 - `layer_blocks`: the longest run of a repeating block of symbols inside a forward gives the
   number of layers N and the sites per layer P (per distinct forward shape; prefill and decode can
   differ by a kernel). Every site inside the run gets (layer, position).
@@ -124,10 +127,13 @@ def site_samples(launches: pd.DataFrame, sites: Sites, cols=GRID) -> dict[str, t
     return out
 
 
-def _score(samples: dict, tokens: pd.Series) -> tuple[int, int]:
-    fails = 0
+def _score(samples: dict, tokens: pd.Series, layered: set | None = None) -> tuple[int, int]:
+    """(sites that fail to fit under `tokens`, the forwards those inside the layer stack cover):
+    a layer site seen in one or two forwards (a GEMM build picked for one size) fails under any
+    variable and says little; one seen in every forward that fails is strong evidence."""
+    fails = in_layers = 0
     tok = tokens.to_dict()
-    for fwds, vals in samples.values():
+    for site, (fwds, vals) in samples.items():
         have = np.array([f in tok for f in fwds])
         if have.sum() == 0:
             continue
@@ -135,8 +141,9 @@ def _score(samples: dict, tokens: pd.Series) -> tuple[int, int]:
         for ax in range(vals.shape[1]):
             if fit(x, vals[have, ax]).status not in ("fit", "piecewise"):
                 fails += 1
+                in_layers += int(have.sum()) if layered is not None and site in layered else 0
                 break
-    return fails, len(samples)
+    return fails, in_layers
 
 
 @dataclass
@@ -172,6 +179,7 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
     modal1 = set(sites.partial.loc[sites.partial["modal_count"] != 1, "symbol"])
     per_fwd = (sites.table.groupby(["symbol", "forward"]).size().groupby(level=0)
                .agg(lambda c: int(c.mode().max())).to_dict())
+    layered = set(sites.index.loc[sites.index["layer"] >= 0, "site"]) if "layer" in sites.index else set()
     cands = []
     for _, r in once.iterrows():
         # runs once per forward: its modal count is 1 (a forward that launched it twice, a
@@ -185,8 +193,8 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
             tokens = pd.Series(vals[:, k], index=fwds).sort_index()
             # constant over the requests: it counts something else (ranked last, still listed)
             flat = among is not None and tokens[tokens.index.isin(among)].nunique() < 2
-            fails, _ = _score(samples, tokens)
-            cands.append({"symbol": r["symbol"], "axis": ax, "failures": fails,
+            fails, layer_fails = _score(samples, tokens, layered)
+            cands.append({"symbol": r["symbol"], "axis": ax, "failures": fails, "layer_failures": layer_fails,
                           "distinct": int(tokens.nunique()),
                           "dropped": int(n_forwards - len(tokens)) if among is None else
                           int(len(among - set(tokens.index.tolist()))), "max": int(tokens.max()),
@@ -197,10 +205,15 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
     # (one that only runs when a request starts, say) scores few failures only because the
     # forwards it misses are left out of the fits; it loses to any kernel that covers them
     n_cov = n_forwards if among is None else len(among)
-    cands.sort(key=lambda c: (c["flat"], c["dropped"] > n_cov // 10, c["failures"], -c["distinct"],
+    # the layers run every token of the step (a batch's sequences packed together); the head and
+    # tail also run per-sequence work (sampling, input staging), so the sites inside the layer
+    # stack judge first: a kernel counting sequences fits the sampler and loses to one counting
+    # the tokens the layers see
+    cands.sort(key=lambda c: (c["flat"], c["dropped"] > n_cov // 10, c["layer_failures"], c["failures"],
+                              -c["distinct"],
                               c["dropped"], c["max"]))
     best = cands[0]
-    public = [{k: v for k, v in c.items() if k not in ("tokens", "flat")} for c in cands]
+    public = [{k: v for k, v in c.items() if k not in ("tokens", "flat", "layer_failures")} for c in cands]
     return Reference(best["symbol"], best["axis"], best["tokens"], public)
 
 

@@ -26,7 +26,11 @@ eager launches plus graph replays expanded), with kernels identified by (symbol,
    next. The most frequent such gap sequence (a decode step's) is cut where its host-time gap is
    largest (median over its occurrences: the engine's scheduling and sampling sync sit between
    steps, not inside them); its part before the cut is the tail pattern, after it the head
-   pattern. Every gap is cut after its longest prefix matching the tail pattern. Where a request
+   pattern. The edges of request windows are the first evidence (`_cycle_cut`): a stretch the
+   pattern explains entirely outweighs one that only starts like it, and an edge inside a gap
+   aligned with the common one (`_aligned`: a batched step's gap, kernels of other builds picked
+   by the batch size, with a host stall inside) is no request's end. Every gap is cut after its
+   longest prefix matching the tail pattern; an aligned gap where its tail ends. Where a request
    gap (host gap above the window threshold) lies inside, the launches between the matched tail
    and the matched head suffix belong to no forward;
 4. jitter repair as before (`passes._repair`): a kernel one short in forward f and one over in
@@ -112,6 +116,7 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
 
 
 REQUEST_FLOOR_NS = 2_000_000
+ALIGNED = 0.75        # share of positions a step's gap shares with the commonest one (_aligned)
 STEP_GAP_NS = 200_000     # a host gap in a block at least this long and
 STEP_RATIO = 8            # this many times the block's median gap, at one place in most blocks: a step
 MIN_STACK_SHARE = 0.25    # share of the launches a layer stack covers between the first and last
@@ -404,21 +409,37 @@ def _cycle_cut(codes: np.ndarray, t_ns: np.ndarray, window: np.ndarray, stacks: 
     bounds = np.flatnonzero(np.diff(window)) + 1
     w_start = np.concatenate([[0], bounds])
     w_end = np.concatenate([bounds, [len(codes)]])
-    pres, sufs = [], []
+    pres, sufs = [], []           # (matched length, whether the whole stretch matched)
     for w in np.unique(sw):
         idx = np.flatnonzero(sw == w)
         first, last = stacks[idx[0]], stacks[idx[-1]]
-        if last[1] < w_end[w]:
-            pres.append(_prefix_len(tuple(codes[last[1]:w_end[w]].tolist()), common))
-        if first[0] > w_start[w]:
-            sufs.append(_prefix_len(tuple(codes[w_start[w]:first[0]].tolist())[::-1], common[::-1]))
-    pres = [x for x in pres if 0 < x < m]
-    sufs = [m - x for x in sufs if 0 < x < m]
+        # a window edge inside a gap aligned with `common` is a host stall inside one step (a
+        # kernel compiled on first use, a large batch's sync), not a request's end: no evidence
+        if last[1] < w_end[w] and not (idx[-1] < len(gaps) and _aligned(gaps[idx[-1]], common)):
+            g = tuple(codes[last[1]:w_end[w]].tolist())
+            x = _prefix_len(g, common)
+            pres.append((x, x == len(g)))
+        if first[0] > w_start[w] and not (idx[0] > 0 and _aligned(gaps[idx[0] - 1], common)):
+            g = tuple(codes[w_start[w]:first[0]].tolist())
+            x = _prefix_len(g[::-1], common[::-1])
+            sufs.append((m - x, x == len(g)))
     for ev in (pres, sufs):
+        ev = [e for e in ev if 0 < e[0] < m]
+        # a stretch the pattern explains entirely (the tail, then idle) outweighs one that only
+        # starts like it (a start-up pass whose tail runs other kernels after the first few)
+        ev = [x for x, full in ev if full] or [x for x, _ in ev]
         if ev:
             vc = pd.Series(ev).value_counts()
             return int(max(vc.index[vc == vc.max()]))
     return int(np.argmax(med))
+
+
+def _aligned(g: tuple, pat: tuple) -> bool:
+    """`g` is one step's tail and head with some kernels of other builds: as long as `pat` and equal
+    to it at ALIGNED of its positions (a batched engine picks its GEMM, gather and sort kernels by
+    the batch size, so one step's gap can differ from the commonest step's at its first launch,
+    where a prefix match stops at once)."""
+    return len(g) == len(pat) > 0 and sum(x == y for x, y in zip(g, pat)) >= ALIGNED * len(pat)
 
 
 def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray, learn_from: int = 0) -> Cuts:
@@ -457,6 +478,13 @@ def cut_forwards(codes: np.ndarray, t_ns: np.ndarray, stacks: np.ndarray, learn_
         if tl + hd == len(g):
             ends[i], starts[i + 1] = a + tl, a + tl
             cut_by[i + 1], conf[i + 1] = "tail_pattern", 1.0
+        elif _aligned(g, common):
+            # the steady cycle with other builds of some kernels: cut where its tail ends, whatever
+            # host stall lies inside (a Triton kernel compiled on its first call, a large batch's sync)
+            c = len(tail_pat)
+            ends[i], starts[i + 1] = a + c, a + c
+            cut_by[i + 1] = "tail_pattern"
+            conf[i + 1] = round(sum(x == y for x, y in zip(g, common)) / len(g), 3)
         elif window[a + tl - 1] != window[b - hd]:
             # a request gap among launches neither pattern explains. A short stretch is the
             # steps' own work around the idle gap (the finished request's bookkeeping before
