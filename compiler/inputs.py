@@ -25,15 +25,14 @@ events order it), and device-side writes over a copied range (a kernel that rewr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from compiler import fills
 from compiler.launches import host_ranges
 from compiler.requests import Requests, Step
+from mining.pointees import host_pointees
 
 
 @dataclass
@@ -89,34 +88,6 @@ def _alloc_of(allocs, v: int, params=None) -> tuple[int, int] | None:
         if b <= v < b + s:
             return b, v - b
     return None
-
-
-def host_pointees(dump, seqs: set[int]) -> dict[tuple[int, int, int], tuple[int, bytes]]:
-    """(launch seq, param, at) -> (host address, pointee bytes) from the launch records (launches.bin,
-    or a plain launches.jsonl); empty when the dump keeps none."""
-    src = Path(str(dump.source))
-    out: dict = {}
-    if src.name == "launches.bin":
-        from vocab.binfmt import BinDump
-        recs = (r for r in BinDump(src.parent).records() if r["seq"] in seqs)
-    elif src.name == "launches.jsonl":
-        recs = (r for r in map(_json, src.read_bytes().splitlines()) if r and r.get("seq") in seqs)
-    else:
-        return out
-    for r in recs:
-        for p in r.get("params") or []:
-            for h in p.get("host") or []:
-                out[(r["seq"], p["i"], h["at"])] = (int(h["addr"], 16), bytes.fromhex(h["hex"]))
-    return out
-
-
-def _json(line: bytes):
-    if b'"host"' not in line:
-        return None
-    try:
-        return json.loads(line[line.rfind(b"\0") + 1:])
-    except ValueError:
-        return None
 
 
 def collect(dump, doc) -> list[ForwardInputs]:

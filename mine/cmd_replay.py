@@ -1,7 +1,9 @@
 """`mine replay DUMP`: re-run captured launches alone on this machine's GPU (replay/).
 
 A thin command: selection (`replay.select`: by seq, by kernel name, by forward of the analysis),
-then `replay.run.replay_seqs`, then a table or JSON (`replay.sites.with_flow` for `--flow-out`).
+then `replay.run.replay_seqs` (each alone) or `replay.forward.replay_forward` (`--in-order`: the
+window before a forward and the forward itself, in order, on memory rebuilt from the copy log and
+host pointees), then a table or JSON (`replay.sites.with_flow` for `--flow-out`).
 No GPU, no cuda-python, or a dump the plan cannot use: one sentence, exit 2 (mine.cli).
 """
 
@@ -41,6 +43,12 @@ def replay_cmd(
                                       "replay its launches on the original bytes and compare what they write"),
     ceilings: bool = typer.Option(False, "--ceilings", help="measure the copy and bf16 GEMM ceilings and print "
                                   "each kernel's floor ratio"),
+    in_order: bool = typer.Option(False, "--in-order", help="replay the selected launches in capture order on "
+                                  "memory rebuilt from the copy log and host pointees (data-dependent kernels "
+                                  "such as attention see their real metadata); no timing"),
+    warm_from: Optional[int] = typer.Option(None, "--warm-from", help="with --in-order: begin the replay at this "
+                                            "launch seq (default for --forward: the forward before the latest "
+                                            "prefill at or before it)"),
 ) -> None:
     """Run captured launches again, alone, on this GPU: read/write set per pointer parameter,
     determinism, time.
@@ -52,6 +60,8 @@ def replay_cmd(
       mine replay dumped-kernels --forward 5 --ceilings --json replay.json
 
       mine replay probe-dump --io probe_io.json
+
+      mine replay dumped-kernels --forward 7 --in-order --flow-out flow.json
     """
     from mining.load import load_dump
     from replay.gpu import Gpu
@@ -63,6 +73,10 @@ def replay_cmd(
         if out is not None and (out.resolve() == dump_path.resolve() or
                                 (analysis is not None and out.resolve() == analysis.resolve())):
             raise UsageError(f"{out}: an output may not be one of the inputs")
+    if warm_from is not None and not in_order:
+        raise UsageError("--warm-from is read for --in-order; give --in-order too")
+    if in_order and (ceilings or io is not None):
+        raise UsageError("--in-order measures data flow only: it takes neither --ceilings nor --io")
     if analysis is not None and flow_out is None:
         raise UsageError("--analysis is read for --flow-out; give --flow-out OUT.json too")
     if io is not None:
@@ -81,8 +95,11 @@ def replay_cmd(
         if not (seq or kernel or forward is not None):
             return
     seqs = select(dump, seq, kernel, forward, limit)
-    results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
-    _table(results, forward, ceil)
+    if in_order:
+        results = _in_order(dump, seqs, forward, warm_from)
+    else:
+        results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
+        _table(results, forward, ceil)
     if json_out:
         json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
         typer.echo(f"wrote {json_out}")
@@ -90,6 +107,22 @@ def replay_cmd(
         doc = with_flow(dump, results, analysis)
         flow_out.write_text(json.dumps(doc.to_json(), indent=1))
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
+
+
+def _in_order(dump, seqs, forward, warm_from):
+    from rich.console import Console
+
+    from replay.forward import replay_forward
+    from replay.select import warm_start
+
+    if warm_from is None and forward is not None:
+        warm_from = warm_start(dump, forward)
+    fr = replay_forward(dump, seqs, warm_from)
+    _table(fr.results, forward)
+    Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.skipped)} could "
+                    f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "
+                    f"({fr.copies_without_bytes} copies kept without bytes)")
+    return fr.results
 
 
 def _table(results, forward, ceil=None) -> None:

@@ -104,3 +104,18 @@ def direction(wrote: bool, read: bool | None) -> str:
     if wrote:
         return "inout" if read else "out"
     return "in" if read else "unused"
+
+
+def kern_direction(direction: str, written_bytes: int, span_bytes: int, persistent: bool) -> str | None:
+    """The kern manifest direction (in | out | inout) a measured one stands for; None where reads
+    were not judged. Two rules bridge the vocabularies: kern has no `unused`, and a pointer the
+    launch neither reads nor writes is passed read-only (`in`); a launch that writes only part of
+    a persistent state (a KV cache at the step's slots) leaves the rest as it was, so the state
+    after it depends on the state before it (`inout`), whatever the launch read."""
+    if direction.endswith("?"):
+        return None
+    if direction == "unused":
+        return "in"
+    if direction == "out" and persistent and written_bytes < span_bytes:
+        return "inout"
+    return direction

@@ -46,6 +46,7 @@ class WordFlow:
     shared: bool = False       # other words point into its region at other offsets: a write past
                                # the next one's offset (an interleaved K/V cache) counts to that one
     region_written: bool = False
+    span_bytes: int = 0        # bytes of the word's span (its private region from its offset, in a forward replay)
 
 
 @dataclass
@@ -163,7 +164,8 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
             m = wrote[span.region][span.lo:span.hi]
             shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
             res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
-                                      FL.direction(bool(m.any()), read), shared, bool(wrote[span.region].any())))
+                                      FL.direction(bool(m.any()), read), shared, bool(wrote[span.region].any()),
+                                      span.hi - span.lo))
         s.fill(FILL_TIMED)
         t = gpu.time_launches(s.fn, plan.grid, plan.block, plan.smem, s.params, plan.cluster, reps)
         res.time_us, res.time_us_min, res.reps = float(np.median(t)), float(min(t)), len(t)

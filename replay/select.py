@@ -50,3 +50,22 @@ def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit:
     if forward is None:
         raise UsageError("say which launches: --seq N, --kernel REGEX or --forward F")
     return pool
+
+
+def warm_start(dump, forward: int) -> int:
+    """Where an in-order replay of `forward` begins (`replay.forward`): the first launch of the
+    forward before the latest prefill (more than one token) at or before it. Why there: a request's
+    device-side metadata (its block table rows, its sequence state) is written when its prompt is
+    scheduled, and an engine stages a forward's inputs at the end of the forward before it (vLLM's
+    staging kernels run there); from that point on, every byte the target reads was either put there
+    by the host (the copy log, the pointees) or by a launch the replay runs. With no prefill before
+    it: the forward before it."""
+    from mining.analyze import analyze, document
+
+    fw = sorted((f for f in document(analyze(dump)).passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    k = next((n for n, f in enumerate(fw) if f.forward == forward), None)
+    if k is None:
+        raise UsageError(f"{dump.source}: the analysis finds no forward {forward}", value=forward)
+    pre = [n for n in range(k + 1) if (fw[n].tokens or 0) > 1]
+    start = pre[-1] if pre else k
+    return int(fw[max(start - 1, 0)].first_seq)

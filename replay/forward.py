@@ -1,0 +1,338 @@
+"""A forward replayed in order on rebuilt memory: read and write sets of kernels whose work depends
+on what memory holds.
+
+Why: `replay.run` measures one launch alone on synthetic fills. That is exact for a norm or an
+activation, and blind for attention: its sequence lengths, query offsets and block tables come
+from memory, and on small-integer fills it attends to nothing, so it seems to read nothing. Here
+the launches of a window run in the captured order on one `replay.memory.Memory`: before each,
+the host's writes it followed (the copy log's bytes, its own host pointees) are applied; each
+launch runs on the bytes its regions hold and its output is written back. The engine's staging
+kernels thus rebuild the device's metadata from the host's tables, and the target forward's
+layers run on it. A warm-up window (by default from the previous forward of the analysis) gives
+the staging the forward's inputs come from.
+
+Per target launch (`measure`), on the rebuilt bytes S:
+  1. run on S twice: the baseline and the determinism check;
+  2. per pointer word alone in its region: poison its span (as `replay.run`, bounded first) and
+     run: read when anything the baseline wrote, or anything outside the poisoned bytes, changes,
+     or the launch faults (the bytes steered addresses);
+  3. per word that shares its region with words at other offsets (q/k views of one tensor, a K/V
+     cache interleaved every 256 bytes): the word points at a *private copy* of the region, the
+     others at the original; writes through the word land in the copy only, so they are its own,
+     wherever they fall (a span cannot tell interleaved K from V). The copy is then poisoned from
+     the word's offset on: read when the outputs change.
+  Written bytes are those changed from the fill in any run (the poisoned runs show writes of the
+  value that was already there). Launches without a cubin (closed libraries) cannot run: their
+  outputs stay what memory held, which the result lists (`skipped`).
+Not rebuilt: device-to-device copies and memsets (not logged), copies larger than
+MINE_CAPTURE_COPY_BYTES (kept without bytes), host tables beyond the pointee bytes kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from replay import flow as FL
+from replay.gpu import CudaError
+from replay.memory import Memory, copy_writes, pointee_writes, timeline
+from replay.plan import LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
+from replay.run import POISONS, Faulted, LaunchResult, WordFlow, _Setup
+
+FORWARD_REGION = 64 << 20     # bytes past a truncated allocation's highest used offset (block tables
+                              # can point far into a KV pool)
+
+
+@dataclass
+class ForwardReplay:
+    results: list[LaunchResult]            # the target launches, in order
+    window: tuple[int, int]                # first and last seq replayed
+    ran: int = 0                           # launches of the window that ran
+    skipped: list[tuple[int, str]] = field(default_factory=list)   # (seq, why): could not run
+    faults: list[tuple[int, str]] = field(default_factory=list)    # window launches that faulted on S
+    host_writes: int = 0                   # copies and pointees applied
+    copies_without_bytes: int = 0
+
+
+def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
+    """`plan` with word k pointing at a copy of its region (appended as the last region)."""
+    w = plan.words[k]
+    words = list(plan.words)
+    words[k] = replace(w, region=len(plan.regions))
+    return replace(plan, regions=plan.regions + [plan.regions[w.region]], words=words)
+
+
+def _shared(plan: LaunchPlan) -> list[bool]:
+    offs: dict[int, set] = {}
+    for w in plan.words:
+        offs.setdefault(w.region, set()).add(w.offset)
+    return [len(offs[w.region]) > 1 for w in plan.words]
+
+
+def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
+    for b, h in zip(s.bases, fill):
+        s.gpu.upload(b, h)
+    return s.run()
+
+
+def _poisoned(fill: list[np.ndarray], span: FL.Span, seed: int, kind: str) -> list[np.ndarray]:
+    out = list(fill)
+    if span.hi > span.lo:
+        out[span.region] = fill[span.region].copy()
+        out[span.region][span.lo:span.hi] = FL.poison(span.hi - span.lo, seed, kind)
+    return out
+
+
+def _poison_loop(s, fill, base_after, span, key, seed, faulted, runs):
+    """Poison `span` (bounded first, then any bytes) until a read shows: the last after, "fault"
+    for a span whose run faulted in an earlier worker; a new fault raises Faulted(key)."""
+    if key in faulted:
+        return "fault"
+    got = None
+    for kind in POISONS:
+        fill_p = _poisoned(fill, span, seed, kind)
+        try:
+            got = _run(s, fill_p)
+        except CudaError as exc:
+            if not exc.sticky:
+                raise
+            raise Faulted(key, str(exc)) from None
+        runs.append((fill_p, got))
+        if FL.read_changed(base_after, got, FL.written([(fill_p, got)] + runs[:1]), span):
+            break
+    return got
+
+
+def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: bool = True, seed: int = 1,
+                       faulted: frozenset = frozenset()) -> tuple[LaunchResult, list[np.ndarray] | None]:
+    """Run `plan` on `init` (its regions' bytes) and, when `measure`, its read and write sets by
+    the module docstring's rules; returns (result, the baseline's bytes after). Faults raise
+    `Faulted` (the caller restarts the worker; a poisoned span's fault counts as a read)."""
+    res = LaunchResult(plan.seq, plan.symbol, "ok", fill="forward",
+                       regions=[{"buffer_id": r.buffer_id, "start": r.start, "length": r.length,
+                                 "alloc_size": r.alloc_size, "truncated": r.truncated, "host": r.host}
+                                for r in plan.regions])
+    s = _Setup(gpu, plan)
+    try:
+        try:
+            after = _run(s, init)
+        except CudaError as exc:
+            if exc.sticky:
+                raise Faulted(None, str(exc)) from None
+            raise
+        if not measure:
+            return res, after
+        again = _run(s, init)
+        res.deterministic = all(np.array_equal(a, b) for a, b in zip(after, again))
+        runs = [(init, after)]
+        spans = FL.spans(plan.words, s.lengths)
+        shared = _shared(plan)
+        got: dict = {}
+        if res.deterministic:
+            for span, sh in zip(spans, shared):
+                key = (span.region, span.lo, span.hi)
+                if not sh and key not in got:
+                    got[key] = _poison_loop(s, init, after, span, key, seed, faulted, runs)
+        wrote = FL.written(runs)
+        priv: dict[int, tuple[np.ndarray, bool | None, str]] = {}
+        for k, (w, sh) in enumerate(zip(plan.words, shared)):
+            if sh:
+                priv[k] = _private_flow(gpu, plan, k, init, seed, faulted, res.deterministic)
+    finally:
+        gpu.free_all()
+    res.bytes_written = int(sum(int(m.sum()) for m in wrote))
+    for k, (w, span, sh) in enumerate(zip(plan.words, spans, shared)):
+        if sh:
+            m, read, how = priv[k]
+        else:
+            m = wrote[span.region][span.lo:span.hi]
+            g = got.get((span.region, span.lo, span.hi))
+            if g is None:
+                read, how = None, ""
+            elif isinstance(g, str):
+                read, how = True, "fault"
+            else:
+                read, how = FL.read_changed(after, g, wrote, span), "output"
+        res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
+                                  FL.direction(bool(m.any()), read), sh, bool(wrote[w.region].any()), len(m)))
+    return res, after
+
+
+def _private_flow(gpu, plan, k, init, seed, faulted, judge) -> tuple[np.ndarray, bool | None, str]:
+    """(bytes written through word k, read?, how) with word k on a private copy of its region."""
+    p = _private(plan, k)
+    w = p.words[k]
+    fill = list(init) + [init[plan.words[k].region].copy()]
+    s = _Setup(gpu, p)
+    try:
+        after = _run(s, fill)
+        runs = [(fill, after)]
+        if not judge:
+            return FL.written(runs)[w.region][w.offset:], None, ""
+        span = FL.Span(w.region, w.offset, s.lengths[w.region])
+        g = _poison_loop(s, fill, after, span, ("private", plan.seq, k), seed, faulted, runs)
+        wrote = FL.written(runs)
+        m = wrote[w.region][w.offset:]
+        if isinstance(g, str):
+            return m, True, "fault"
+        return m, FL.read_changed(after, g, wrote, span), "output"
+    finally:
+        gpu.free_all()
+
+
+# ---------------------------------------------------------------------------------- the window
+
+def _worker(conn, device) -> None:
+    """A replay process: jobs (plan, init, measure, faulted) in, (kind, payload) out; a fault ends it."""
+    from replay.gpu import Gpu
+
+    try:
+        gpu = Gpu(device)
+    except Exception as exc:  # noqa: BLE001 -- sent to the parent, which says it in one sentence
+        conn.send(("nogpu", str(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        plan, init, measure, faulted = job
+        try:
+            conn.send(("ok", measure_in_context(gpu, plan, init, measure, faulted=faulted)))
+        except Faulted as f:
+            conn.send(("fault", (f.span, f.message)))
+            return
+        except CudaError as exc:
+            conn.send(("error", str(exc)))
+
+
+class _Workers:
+    """One live worker at a time; a new one after a fault or a death."""
+
+    def __init__(self, device: int, timeout_s: float):
+        import multiprocessing as mp
+
+        self.ctx, self.device, self.timeout_s = mp.get_context("spawn"), device, timeout_s
+        self.p = self.conn = None
+
+    def _start(self):
+        from replay.gpu import NoGpu
+
+        self.conn, child = self.ctx.Pipe()
+        self.p = self.ctx.Process(target=_worker, args=(child, self.device), daemon=True)
+        self.p.start()
+        child.close()
+        kind, msg = self.conn.recv()
+        if kind == "nogpu":
+            raise NoGpu(msg)
+
+    def stop(self):
+        if self.p is not None:
+            try:
+                self.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            self.p.join(timeout=10)
+            if self.p.is_alive():
+                self.p.kill()
+        self.p = self.conn = None
+
+    def call(self, job):
+        """(kind, payload); kind "dead" when the worker gave nothing in time or died."""
+        if self.p is None or not self.p.is_alive():
+            self._start()
+        self.conn.send(job)
+        if not self.conn.poll(self.timeout_s):
+            self.p.kill()
+            self.p = None
+            return "dead", f"no result within {self.timeout_s:.0f} s (a kernel that does not end on these bytes)"
+        try:
+            kind, payload = self.conn.recv()
+        except EOFError:
+            self.p = None
+            return "dead", "the replay worker died"
+        if kind == "fault":
+            self.stop()
+        return kind, payload
+
+
+def _region_addr(r: Region) -> int:
+    return r.alloc_base + r.start
+
+
+def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_region: int = FORWARD_REGION,
+                   device: int = 0, timeout_s: float = 120.0, progress=None, runner=None) -> ForwardReplay:
+    """Replay every launch record from `warm_from` (default: the first target) to the last target
+    in seq order on rebuilt memory, measuring the `targets` (module docstring). `runner(plan,
+    init, measure) -> (LaunchResult, after | None)` runs one launch (default: on this machine's GPU
+    in worker processes; tests pass a CPU model)."""
+    from mining.pointees import host_pointees
+
+    if not targets:
+        raise PlanError("no launches to replay")
+    targets = sorted(targets)
+    lo = targets[0] if warm_from is None else min(warm_from, targets[0])
+    seqs_all = dump.launches["seq"].to_numpy()
+    window = sorted(int(s) for s in seqs_all if lo <= s <= targets[-1])
+    folder = dump.source.parent
+    attrs, tmaps, hosts = read_attrs(folder, set(window)), read_tensormaps(folder), read_host_ranges(folder)
+    writes, unknown = copy_writes(getattr(dump, "copies", None))
+    writes = timeline(writes + pointee_writes(host_pointees(dump, set(window))))
+    out = ForwardReplay([], (window[0], window[-1]), copies_without_bytes=unknown)
+    mem = Memory()
+    want = set(targets)
+    at = 0
+    workers = None
+    if runner is None:
+        workers = _Workers(device, timeout_s)
+        runner = lambda plan, init, measure: _run_job(workers, plan, init, measure)  # noqa: E731
+    try:
+        for n, seq in enumerate(window):
+            while at < len(writes) and writes[at].seq_before <= seq:
+                mem.write(writes[at].addr, writes[at].data)
+                at += 1
+                out.host_writes += 1
+            try:
+                plan = plan_launch(dump, seq, max_region, attrs.get(seq, {}), tmaps, host_ranges=hosts)
+            except PlanError as exc:
+                plan, why = None, str(exc)
+            else:
+                why = plan.missing
+            if why:
+                out.skipped.append((seq, why))
+                if seq in want:
+                    out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing", why, fill="forward"))
+                continue
+            init = [mem.read(_region_addr(r), r.length) for r in plan.regions]
+            res, after = runner(plan, init, seq in want)
+            if after is not None:
+                out.ran += 1
+                for r, b, a in zip(plan.regions, init, after):
+                    mem.write_changed(_region_addr(r), b, a)
+            elif res is not None:
+                out.faults.append((seq, res.message))
+            if seq in want:
+                out.results.append(res)
+            if progress:
+                progress(n + 1, len(window), seq)
+    finally:
+        if workers is not None:
+            workers.stop()
+    return out
+
+
+def _run_job(workers: _Workers, plan: LaunchPlan, init, measure: bool):
+    """(result, after) of one launch; a poisoned span's fault is retried in a fresh worker with
+    that span counted as read; a baseline fault gives (fault result, None)."""
+    faulted: set = set()
+    while True:
+        kind, payload = workers.call((plan, init, measure, frozenset(faulted)))
+        if kind == "ok":
+            return payload
+        if kind == "fault" and payload[0] is not None and payload[0] not in faulted:
+            faulted.add(payload[0])
+            continue
+        status = "fault" if kind == "fault" else "error"
+        msg = payload[1] if kind == "fault" else payload
+        return LaunchResult(plan.seq, plan.symbol, status, msg, fill="forward"), None

@@ -1,0 +1,146 @@
+"""`replay.memory` and `replay.forward`'s window on the CPU: memory rebuilt in capture order.
+
+The GPU half (each launch run on the rebuilt bytes) is tests/replay/test_replay_gpu.py; here a CPU
+model of a launch stands in for the device, so what is tested is the bookkeeping that decides
+what a kernel sees: the host's writes applied before the launch they precede, each launch's output
+written back for the next, launches without a cubin left out and said, the window's start. On
+q2b (vLLM eager serving batches, copy log and pinned host staging) and a planted dump.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mining.load import load_dump
+from replay import flow as FL
+from replay.forward import _private, _shared, replay_forward
+from replay.memory import PAGE, HostWrite, Memory, copy_writes, pointee_writes, timeline
+from replay.run import LaunchResult
+from replay.select import forward_seqs, warm_start
+from paths import FIXTURES
+
+
+@pytest.fixture(scope="module")
+def q2b():
+    return load_dump(FIXTURES / "batched" / "q2b.tar.xz", cache=False)
+
+
+def test_memory_reads_zero_until_written_and_across_pages():
+    m = Memory()
+    assert not m.read(PAGE - 3, 8).any()
+    m.write(PAGE - 3, bytes(range(1, 9)))
+    assert m.read(PAGE - 3, 8).tolist() == list(range(1, 9))
+    assert m.read(PAGE - 5, 4).tolist() == [0, 0, 1, 2]
+    assert len(m.pages) == 2
+    before = m.read(0, 4 * PAGE)
+    after = before.copy()
+    after[3 * PAGE + 7] = 9
+    assert m.write_changed(0, before, after) == 1
+    assert len(m.pages) == 3            # only the page that changed was created
+    assert m.read(3 * PAGE + 7, 1)[0] == 9
+
+
+def test_host_writes_in_launch_order_copies_before_pointees(q2b):
+    cw, unknown = copy_writes(q2b.copies)
+    C = q2b.copies
+    with_bytes = int(((C["result"] == 0) & ~C["in_graph"] & C["has_bytes"] & (C["size"] > 0)).sum())
+    assert len(cw) == with_bytes and unknown == int(((C["result"] == 0) & ~C["in_graph"] & ~C["has_bytes"]).sum())
+    pw = pointee_writes({(10, 0, 0): (0x7000, b"ab"), (5, 1, 8): (0x7100, b"c"), (7, 2, 0): (0x7200, b"")})
+    t = timeline(cw + pw + [HostWrite(10, 3, 0x9000, b"z", "copy")])
+    keys = [(w.seq_before, w.order) for w in t]
+    assert keys == sorted(keys)
+    assert [w.source for w in t if w.seq_before == 10][-1] == "pointee"   # after that launch's copies
+    assert all(w.data for w in t)   # an empty pointee is no write
+
+
+def _echo_runner(log):
+    """A CPU launch: records what it was given, writes (seq & 255) at its first region's start."""
+    def run(plan, init, measure):
+        log.append((plan, [x.copy() for x in init], measure))
+        after = [x.copy() for x in init]
+        after[0][0] = plan.seq & 255
+        return LaunchResult(plan.seq, plan.symbol, "ok", fill="forward"), after
+    return run
+
+
+def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
+    from mining.analyze import analyze, document
+
+    f = [f for f in document(analyze(q2b)).serve_forwards() if f.tokens == 1][0]
+    targets = forward_seqs(q2b, f.forward)
+    start = warm_start(q2b, f.forward)
+    assert start < targets[0]
+    log = []
+    fr = replay_forward(q2b, targets, start, runner=_echo_runner(log))
+    assert fr.window == (start, targets[-1])
+    ran = [p.seq for p, _, _ in log]
+    assert ran == sorted(ran) and len(ran) == fr.ran
+    assert {s for s, _ in fr.skipped} | set(ran) == {s for s in q2b.launches["seq"] if start <= s <= targets[-1]}
+    assert all("cubin" in why or "layout" in why for _, why in fr.skipped)
+    assert [r.seq for r in fr.results] == targets
+    assert all(m == (p.seq in set(targets)) for p, _, m in log)
+    # the bytes of the newest copy before a launch are what the launch is given, except a byte a
+    # launch of the window wrote since (the CPU model writes each launch's first region's byte 0)
+    cw = timeline(copy_writes(q2b.copies)[0])
+    marks = [(q.seq, q.regions[0].alloc_base + q.regions[0].start) for q, _, _ in log]
+    checked = 0
+    for p, init, _ in log:
+        for k, r in enumerate(p.regions):
+            lo = r.alloc_base + r.start
+            for n, w in enumerate(cw):
+                if not (w.seq_before <= p.seq and lo <= w.addr and w.addr + len(w.data) <= lo + r.length):
+                    continue
+                if any(x.seq_before <= p.seq and x.addr < w.addr + len(w.data) and w.addr < x.addr + len(x.data)
+                       for x in cw[n + 1:]):
+                    continue          # a newer copy overwrote some of it
+                want = np.frombuffer(w.data, np.uint8).copy()
+                got = init[k][w.addr - lo:w.addr - lo + len(w.data)]
+                hit = [a - w.addr for sq, a in marks if sq < p.seq and w.addr <= a < w.addr + len(w.data)]
+                keep = np.ones(len(want), bool)
+                keep[hit] = False
+                assert np.array_equal(got[keep], want[keep]), (p.seq, hex(w.addr))
+                checked += 1
+    assert checked > 0
+    # write-back: a launch whose first region starts where an earlier one's did sees its marker
+    seen = 0
+    for n, (p, init, _) in enumerate(log):
+        a = p.regions[0].alloc_base + p.regions[0].start
+        prev = [q for q, _, _ in log[:n] if q.regions[0].alloc_base + q.regions[0].start == a]
+        if prev and not any(w.seq_before > prev[-1].seq and w.seq_before <= p.seq and w.addr == a for w in cw):
+            assert init[0][0] == prev[-1].seq & 255
+            seen += 1
+    assert seen > 0
+
+
+def test_private_copy_moves_one_word_only(q2b):
+    from replay.plan import plan_launch
+
+    L = q2b.launches
+    seq = int(L.loc[L["symbol"].astype(str).str.contains("reshape_and_cache"), "seq"].iloc[0])
+    p = plan_launch(q2b, seq)
+    sh = _shared(p)
+    kv = [k for k, w in enumerate(p.words) if w.i in (2, 3)]
+    assert len(kv) == 2 and all(sh[k] for k in kv)      # K and V caches interleave in one allocation
+    q = _private(p, kv[0])
+    assert len(q.regions) == len(p.regions) + 1 and q.regions[-1] == p.regions[p.words[kv[0]].region]
+    assert q.words[kv[0]].region == len(p.regions) and q.words[kv[0]].offset == p.words[kv[0]].offset
+    assert [w for k, w in enumerate(q.words) if k != kv[0]] == [w for k, w in enumerate(p.words) if k != kv[0]]
+
+
+def test_warm_start_is_before_the_latest_prefill(q2b):
+    from mining.analyze import analyze, document
+
+    fw = sorted((f for f in document(analyze(q2b)).passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    for k in (3, 4, 9, len(fw) - 1):
+        s = warm_start(q2b, fw[k].forward)
+        pre = [n for n in range(k + 1) if (fw[n].tokens or 0) > 1]
+        assert s == fw[max((pre[-1] if pre else k) - 1, 0)].first_seq
+
+
+@pytest.mark.parametrize("measured,written,span,persistent,want", [
+    ("unused", 0, 64, False, "in"), ("out", 64, 64, True, "out"), ("out", 8, 64, True, "inout"),
+    ("out", 8, 64, False, "out"), ("inout", 8, 64, True, "inout"), ("in", 0, 64, True, "in"),
+    ("out?", 8, 64, True, None)])
+def test_kern_direction(measured, written, span, persistent, want):
+    assert FL.kern_direction(measured, written, span, persistent) == want
