@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LIB_NAME = "libmine_capture.so"  # the file the launcher loads through CUDA_INJECTION64_PATH
-SOURCES = ["dispatch.c", "launch.c", "graphs.c", "tmap.c", "toggle.c", "copies.c", "layout.c", "alloc.c",
-           "record.c", "writer.c", "ident.c", "room.c", "init.c"]
+SOURCES = ["dispatch.c", "launch.c", "graphs.c", "tmap.c", "toggle.c", "copies.c", "snapshot.c", "layout.c",
+           "alloc.c", "record.c", "writer.c", "ident.c", "room.c", "init.c"]
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 

@@ -56,6 +56,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MINE_CAPTURE_COPY_BYTES", "4096",
          "a copy of at most this many bytes carries them in copies.jsonl (hex); 0 = no bytes; at most 65536",
          "uint"),
+    Knob("MINE_CAPTURE_SNAPSHOT_AT", "0",
+         "N > 0 = once N launch records are written, at the next launch whose stream is not being captured "
+         "into a graph, synchronize and copy every live device allocation to snapshot/ (one snapshot.jsonl "
+         "record each; implies ALLOC_LOG=1; for `mine compile --weights`; docs/dump-format.md \"Snapshot\")",
+         "uint"),
+    Knob("MINE_CAPTURE_SNAPSHOT_SIGNAL", "0",
+         "1 = SIGUSR2 triggers the snapshot at the next such launch (the library catches the signal; "
+         "implies ALLOC_LOG=1)", "bool"),
+    Knob("MINE_CAPTURE_SNAPSHOT_BYTES", str(8 << 30),
+         "the most bytes a snapshot copies: allocations are skipped largest first (a serving engine's KV "
+         "pool) until the rest fits; recorded as skipped", "uint"),
     Knob("MINE_CAPTURE_COMPACT", "0",
          "1 = write each distinct function (symbol, demangled name, attributes, module, parameter layout) "
          "once to functions.jsonl and let launch records carry \"fn\": id and params without off/size "

@@ -48,6 +48,10 @@ Copy log (`copies.jsonl`, MINE_CAPTURE_COPY_LOG=1, the default; `mining/copies.p
 `Dump.copies`, each copy with the launch seq it precedes; `mining.copies.bytes_before` answers what
 a device range held before a launch. Not cached (the file is small next to the launch file).
 
+Snapshot (`snapshot.jsonl` + `snapshot/`, MINE_CAPTURE_SNAPSHOT_*; `mining/snapshot.py`): read into
+`Dump.snapshot`, whose `read(address, n)` gives the bytes of a range the copied allocations cover.
+Not cached (one line per allocation; the bytes are read on demand).
+
 Re-exported for callers of `mining.load`: `DumpError` (mining/errors.py), `hex_le_u64` and
 `hex_num_u64` (mining/frames.py), `ALLOC_LOG` (mining/allocs.py).
 """
@@ -74,6 +78,7 @@ from mining.damage import FileReport, lines_report
 from mining.functions import FUNCTIONS, Functions, read_functions
 from mining.graphs import GRAPHS, read_graphs
 from mining.jsonl import read_frames
+from mining.snapshot import SNAPSHOT, Snapshot, read_snapshot
 from vocab import capture_tables
 
 # The API of `mining.load`; hex_le_u64 and hex_num_u64 are re-exports (home: mining/frames.py).
@@ -99,6 +104,7 @@ class Dump:
     allocs: pd.DataFrame | None = None  # allocs.jsonl events (schema.ALLOC_COLUMNS), if any
     damage: list[FileReport] = field(default_factory=list)  # per file read: what was skipped (damage.py)
     copies: pd.DataFrame | None = None  # copies.jsonl host-to-device copies (mining/copies.py), if any
+    snapshot: Snapshot | None = None    # snapshot.jsonl + snapshot/ device bytes (mining/snapshot.py), if any
 
 
 # ------------------------------------------------------------------ locating the files
@@ -274,7 +280,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     warnings: list[str] = []
     meta_warnings: list[str] = []
     reports = {name: FileReport(name) for name in (src.name, FUNCTIONS, ALLOC_LOG, "modules.jsonl",
-                                                   GRAPHS, COPIES, "meta.json")}
+                                                   GRAPHS, COPIES, SNAPSHOT, "meta.json")}
     meta = read_meta(folder, meta_warnings, reports["meta.json"])
     allocs, alloc_warnings = None, []
     if (folder / ALLOC_LOG).is_file():
@@ -330,11 +336,12 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     if copies is not None and (meta.get("counters") or {}).get("copies_dropped"):
         warnings.append(f"{COPIES}: the capture could not write {meta['counters']['copies_dropped']} copy "
                         f"record(s); the bytes of a range they wrote may be older ones")
+    snapshot = read_snapshot(folder, warnings, reports[SNAPSHOT])
     damage = [r for name, r in reports.items() if (folder / name).is_file() or name == src.name]
     warnings += _damage_notes(damage, meta, reports[src.name], len(launches))
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies, snapshot)
 
 
 def _damage_notes(damage: list[FileReport], meta: dict, launch: FileReport, kept: int) -> list[str]:

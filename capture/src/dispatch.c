@@ -118,6 +118,7 @@ static void on_module_call(const CUpti_CallbackData *d) {
 static void alloc_log_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *d) {
   if (mc_knobs.alloc_log)
     mc_alloc_log_exit(cbid, d->correlationId, d->functionParams, d->context, (int)mc_cb_result(d));
+  if (mc_knobs.snapshot) mc_snapshot_alloc_event(cbid, d->functionParams, 0, (int)mc_cb_result(d));
 }
 
 static void launch_timed(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d) {
@@ -134,7 +135,10 @@ static void launch_timed(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackDat
 
 static void on_exit_site(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d) {
   switch (row->family) {
-  case MC_FAM_LAUNCH: launch_timed(t, row, d); return;
+  case MC_FAM_LAUNCH:
+    launch_timed(t, row, d);
+    if (mc_knobs.snapshot) mc_snapshot_at_launch(row, d);   /* snapshot.c: when one is due */
+    return;
   case MC_FAM_KERNEL_NODE: mc_on_kernel_node(t, row, d); return;
   case MC_FAM_MODULE: on_module_call(d); return;
   case MC_FAM_FREE:
@@ -167,6 +171,11 @@ void CUPTIAPI mc_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId c
   if (!row) return;
   if (d->callbackSite != CUPTI_API_EXIT) {
     if (mc_knobs.alloc_log && row->at_entry) mc_alloc_log_entry(cbid, d->correlationId); /* frees: at entry */
+    if (mc_knobs.snapshot && row->at_entry) {   /* snapshot.c's table drops a freed allocation now */
+      t->in_cb = 1;
+      mc_snapshot_alloc_event(cbid, d->functionParams, 1, CUDA_SUCCESS);
+      t->in_cb = 0;
+    }
     return;
   }
   t->in_cb = 1;

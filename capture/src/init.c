@@ -122,6 +122,11 @@ static void read_knobs(void) {
     if (strcmp(fmt, "bin") == 0) mc_knobs.bin = 1;
     else fprintf(stderr, "[mine-capture] ignoring MINE_CAPTURE_FORMAT=%s: not json or bin\n", fmt);
   }
+  mc_knobs.snapshot_at = env_u64("MINE_CAPTURE_SNAPSHOT_AT", 0);
+  mc_knobs.snapshot_signal = env_u64("MINE_CAPTURE_SNAPSHOT_SIGNAL", 0) != 0;
+  mc_knobs.snapshot_bytes = env_u64("MINE_CAPTURE_SNAPSHOT_BYTES", 8ull << 30);
+  mc_knobs.snapshot = (mc_knobs.snapshot_at || mc_knobs.snapshot_signal) && !mc_knobs.modules_only;
+  if (mc_knobs.snapshot) mc_knobs.alloc_log = 1; /* the snapshot's table is fed by the allocation callbacks */
   if (mc_knobs.bin) { /* the binary form carries function ids and leaves device pointers to the log */
     mc_knobs.compact = 1;
     mc_knobs.alloc_log = 1;
@@ -357,6 +362,11 @@ void mc_meta_write(int final) {
   if (mc_knobs.noop) jb_lit(&b, ",\"noop\":1");
   if (mc_knobs.alternate) { jb_lit(&b, ",\"alternate\":"); jb_u64(&b, mc_knobs.alternate); }
   if (mc_knobs.toggle_ms) { jb_lit(&b, ",\"toggle_ms\":"); jb_u64(&b, mc_knobs.toggle_ms); }
+  if (mc_knobs.snapshot) {   /* absent unless armed */
+    jb_lit(&b, ",\"snapshot_at\":"); jb_u64(&b, mc_knobs.snapshot_at);
+    jb_lit(&b, ",\"snapshot_signal\":"); jb_u64(&b, (uint64_t)mc_knobs.snapshot_signal);
+    jb_lit(&b, ",\"snapshot_bytes\":"); jb_u64(&b, mc_knobs.snapshot_bytes);
+  }
   jb_lit(&b, "}");
   if (final) {
     jb_lit(&b, ",\"counters\":{\"launches\":"); jb_u64(&b, mc_cnt.launches);
@@ -446,6 +456,7 @@ static void fork_child(void) {
   mc_layout_reset_after_fork();
   mc_fn_reset_after_fork();
   mc_callbacks_reset_after_fork();
+  mc_snapshot_reset_after_fork();
   files_opened_pid = mc_pid; /* the writer opens pid<N>/ lazily at the first record */
 }
 
@@ -460,6 +471,7 @@ int InitializeInjection(void) {
   start_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
   read_knobs();
   mc_room_init();
+  mc_snapshot_init();
   if (resolve_driver() != 0) {
     fprintf(stderr, "[mine-capture] capture off in pid %d: the CUDA driver's cuGetProcAddress_v2 was not found\n",
             mc_pid);

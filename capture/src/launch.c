@@ -114,6 +114,14 @@ static int launch_of(const mc_cb_t *row, const void *params, mc_launch_t *L, CUf
   }
 }
 
+int mc_launch_stream(const mc_cb_t *row, const void *params, CUstream *s) {
+  mc_launch_t L = {0};
+  CUfunction f = NULL;
+  if (!params || !launch_of(row, params, &L, &f)) return 0;
+  *s = mc_cb_stream(row, L.stream);
+  return 1;
+}
+
 void mc_on_launch(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d) {
   mc_launch_t L = {.ctx = d->context, .api = row->api, .result = (int)mc_cb_result(d)};
   CUfunction f = NULL;

@@ -11,7 +11,8 @@
  * maps), toggle.c (MINE_CAPTURE_TOGGLE_MS), layout.c (per-handle layout cache, module table,
  * launch->module link), alloc.c (pointer classification, the allocation log), record.c (launch
  * record JSON and binary bodies, compact function records), writer.c (JSON building, the mmap and
- * write(2) record writers, sha256), copies.c (host-to-device copies, copies.jsonl). tables.h: the per-API tables, generated from
+ * write(2) record writers, sha256), copies.c (host-to-device copies, copies.jsonl), snapshot.c (MINE_CAPTURE_SNAPSHOT_*: device
+ * memory copied out once). tables.h: the per-API tables, generated from
  * vocab/capture_tables.py (the one place they are stated; Python reads the same module). */
 #ifndef MC_H
 #define MC_H
@@ -20,6 +21,7 @@
 #include <cuda.h>
 #include <cupti.h>
 #include <regex.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,13 +37,14 @@
   X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuCtxGetDevice_v2)         \
   X(cuCtxGetCurrent) X(cuFuncGetName) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)           \
   X(cuFuncGetModule) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetParamInfo)      \
-  X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)
+  X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)                  \
+  X(cuCtxSynchronize_v2) X(cuMemcpyDtoH_v2)
 
 #define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
   X(cuptiGetVersion) X(write) X(open) X(mkdir) X(mmap) X(fallocate) X(ftruncate) X(pwrite)    \
   X(malloc) X(pthread_create) X(pthread_attr) X(pthread_sigmask) X(pthread_mutex_lock)         \
   X(pthread_mutex_unlock) X(pthread_once) X(pthread_atfork) X(atexit) X(clock_gettime)       \
-  X(close) X(munmap) X(rename) X(pthread_key_create) X(pthread_setspecific)
+  X(close) X(munmap) X(rename) X(pthread_key_create) X(pthread_setspecific) X(unlink)
 
 typedef struct {
 #define MC_DECL(fn) __typeof__(&fn) fn;
@@ -104,6 +107,8 @@ typedef struct {
                                 compact, alloc_log and no_classify */
   int compact;               /* MINE_CAPTURE_COMPACT=1: each function once in functions.jsonl,
                                 launches carry "fn" (record.c) */
+  int snapshot;              /* MINE_CAPTURE_SNAPSHOT_AT or _SIGNAL set: a snapshot is armed (snapshot.c);
+                                implies alloc_log */
   int alloc_log;             /* MINE_CAPTURE_ALLOC_LOG=1: allocation/free/mapping events to
                                 allocs.jsonl (alloc.c), for offline pointer classification */
   int no_classify;           /* MINE_CAPTURE_CLASSIFY=0: no "ptrs"/"host"/"tmap" keys (diagnostic:
@@ -119,6 +124,9 @@ typedef struct {
   uint64_t alternate;        /* MINE_CAPTURE_ALTERNATE=N: launches in alternate blocks of N are not
                                 recorded (callback returns at once): recording's cost measured inside
                                 one process (diagnostic, benchmarks/bench_launch.cu) */
+  uint64_t snapshot_at;      /* MINE_CAPTURE_SNAPSHOT_AT=N: after N launch records (0: off) */
+  uint64_t snapshot_bytes;   /* MINE_CAPTURE_SNAPSHOT_BYTES: the most bytes a snapshot copies */
+  int snapshot_signal;       /* MINE_CAPTURE_SNAPSHOT_SIGNAL=1: SIGUSR2 triggers it */
   int writer_write;          /* MINE_CAPTURE_WRITER=write: one write(2) per record everywhere */
   int modules_only;
   int has_include, has_exclude;
@@ -396,6 +404,13 @@ void mc_graphs_reset_after_fork(void);
 void mc_on_tensormap(const mc_cb_t *row, const CUpti_CallbackData *d);
 int64_t mc_tmap_find(const unsigned char *p128);
 void mc_tmap_reset_after_fork(void);
+
+/* snapshot.c: the bytes of the live device allocations, once (docs/dump-format.md "Snapshot") */
+void mc_snapshot_init(void);                        /* after the knobs: arm it, catch SIGUSR2 */
+void mc_snapshot_alloc_event(CUpti_CallbackId cbid, const void *params, int at_entry, int result);
+void mc_snapshot_at_launch(const mc_cb_t *row, const CUpti_CallbackData *d); /* a launch API's exit */
+void mc_snapshot_reset_after_fork(void);
+int mc_launch_stream(const mc_cb_t *row, const void *params, CUstream *s); /* launch.c: 1 when known */
 
 /* toggle.c */
 void mc_toggle_start(CUpti_SubscriberHandle sub);   /* MINE_CAPTURE_TOGGLE_MS */

@@ -34,6 +34,16 @@
  *                                        bytes and the launches made before it; then {"done": ...}.
  *                                        KNOBs: copy_log0 copy_bytes=N writer=write fail=N (the
  *                                        library's Nth allocation from the first copy round on fails)
+ *   harness snapshot DIR json|bin N [KNOB...]
+ *                                        device allocations (alloc, free, map, unmap, a host and a
+ *                                        failed allocation), then N launches, with the snapshot knobs
+ *                                        (snapshot_at=K snapshot_signal snapshot_bytes=B) and what the
+ *                                        host does around them (signal_at=K: SIGUSR2 after launch K;
+ *                                        capture=C:M: launches C+1..C+M inside a stream capture, on its
+ *                                        stream and another; hidden=C:M: the driver alone says the
+ *                                        launch stream is capturing; dtoh_fail=K; sync_fail;
+ *                                        block_dir: a file where snapshot/ goes); prints the
+ *                                        allocations, then {"done": ...} (snapshot.c's tests)
  *   harness copybench DIR json|bin N SIZE [KNOB...]
  *                                        N async copies of SIZE bytes back to back (under callgrind,
  *                                        --toggle-collect=mc_callback: instructions per copy) */
@@ -190,7 +200,33 @@ static CUresult f_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
 static CUresult f_DeviceTotalMem(size_t *m, CUdevice d) { (void)d; *m = (size_t)1 << 30; return CUDA_SUCCESS; }
 static CUresult f_DeviceGetUuid(CUuuid *u, CUdevice d) { (void)d; memset(u, 0xab, sizeof *u); return CUDA_SUCCESS; }
 
+/* device memory for the snapshot (mode snapshot): [DEV_LO, DEV_LO + DEVMEM) backed by devmem, a
+ * pattern of the offset; synchronizing "completes" the launches made: their count lands in the
+ * first 8 bytes (so a snapshot taken before its synchronization shows an older count) */
+#define DEVMEM (32u << 20)
+static unsigned char devmem[DEVMEM];
+static long launching, synced_at = -1, sync_calls, sync_capturing, dtoh_calls, dtoh_fail;
+static int sync_fail;
+static unsigned char pattern(size_t o) { return (unsigned char)((o * 7u) ^ (o >> 8) ^ (o >> 16)); }
+static CUresult f_CtxSynchronize(CUcontext c) {
+  (void)c;
+  sync_calls++;
+  if (cap_id) sync_capturing++;
+  if (sync_fail) return CUDA_ERROR_LAUNCH_FAILED;
+  synced_at = launching;
+  memcpy(devmem, &launching, sizeof launching);
+  return CUDA_SUCCESS;
+}
+static CUresult f_MemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+  if (++dtoh_calls == dtoh_fail) return CUDA_ERROR_INVALID_VALUE;
+  if (src < DEV_LO || src - DEV_LO > DEVMEM || n > DEVMEM - (src - DEV_LO)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(dst, devmem + (src - DEV_LO), n);
+  return CUDA_SUCCESS;
+}
+
 static void fake_driver(void) {
+  mc_drv.cuCtxSynchronize_v2 = f_CtxSynchronize;
+  mc_drv.cuMemcpyDtoH_v2 = f_MemcpyDtoH;
   mc_drv.cuFuncGetName = f_FuncGetName;
   mc_drv.cuKernelGetFunction = f_KernelGetFunction;
   mc_drv.cuKernelGetName = f_KernelGetName;
@@ -841,6 +877,83 @@ static int run_all(const char *cubin_path) {
   return 0;
 }
 
+#include <signal.h>
+
+/* ---- mode snapshot: allocations, then launches with the snapshot's trigger among them ---- */
+static long signal_at = -1, cap_from = -1, cap_len, hidden_from = -1, hidden_len;
+static int block_dir;
+static void launch_on(CUstream s, int i) {
+  float a = 1.0f;
+  void *args[4] = {&Y, &X, &a, &i};
+  cuLaunchKernel_params p = {(CUfunction)fk[0].handle, 1, 1, 1, 32, 1, 1, 0, s, args, NULL};
+  launching++;
+  cupti_launch(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", fk[0].sym, &p);
+}
+static void alloc_at(CUdeviceptr at, size_t size, CUresult rc, int live) {
+  CUdeviceptr out = at;
+  cuMemAlloc_v2_params a = {&out, size};
+  cupti_call(CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2, "cuMemAlloc_v2", NULL, &a, rc);
+  printf("{\"alloc\":{\"base\":\"0x%lx\",\"size\":%zu,\"live\":%d}}\n", (unsigned long)at, size, live);
+}
+static void map_at(CUdeviceptr at, size_t size, int live) {
+  cuMemMap_params m = {at, size, 0, (CUmemGenericAllocationHandle)0x77, 0};
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemMap, "cuMemMap", &m);
+  printf("{\"alloc\":{\"base\":\"0x%lx\",\"size\":%zu,\"live\":%d}}\n", (unsigned long)at, size, live);
+}
+
+static int run_snapshot(const char *dir, long n) {
+  for (size_t o = 0; o < DEVMEM; o++) devmem[o] = pattern(o);
+  if (block_dir) {   /* a plain file where the snapshot's folder goes */
+    char path[4400];
+    snprintf(path, sizeof path, "%s/snapshot", mc_pid_dir());
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+  }
+  (void)dir;
+  alloc_at(DEV_LO, 64u << 10, CUDA_SUCCESS, 1);                         /* small: a norm's page */
+  alloc_at(DEV_LO + 0x100000, (9u << 20) + 100, CUDA_SUCCESS, 1);       /* more than the copy buffer */
+  alloc_at(DEV_LO + 0x1000000, 12u << 20, CUDA_SUCCESS, 1);             /* the largest: a KV pool */
+  alloc_at(DEV_LO + 0xB00000, 1u << 20, CUDA_SUCCESS, 0);               /* freed below */
+  alloc_at(DEV_LO + 0xC00000, 4096, CUDA_ERROR_OUT_OF_MEMORY, 0);       /* failed: nothing */
+  map_at(DEV_LO + 0xD00000, 2u << 20, 1);
+  map_at(DEV_LO + 0xF00000, 1u << 20, 0);                               /* unmapped below */
+  void *host = (void *)(uintptr_t)0x600000901000ull;
+  cuMemAllocHost_v2_params h = {&host, 4096};                           /* host memory: never copied */
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2, "cuMemAllocHost_v2", &h);
+  cuMemFree_v2_params fr = {DEV_LO + 0xB00000};
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2, "cuMemFree_v2", &fr);
+  cuMemUnmap_params um = {DEV_LO + 0xF00000, 1u << 20};
+  cupti_api(CUPTI_DRIVER_TRACE_CBID_cuMemUnmap, "cuMemUnmap", &um);
+  long made = 0;
+  for (long i = 0; i < n; i++) {
+    if (i == cap_from) {   /* a capture the library hears begin */
+      cap_stream = (CUstream)0x5e00; cap_id = 901; cap_graph = (CUgraph)0x9e01;
+      cuStreamBeginCapture_params b = {.hStream = cap_stream};
+      cupti_api(CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture, "cuStreamBeginCapture", &b);
+    }
+    if (i == hidden_from) { cap_stream = (CUstream)0x5e00; cap_id = 902; cap_graph = (CUgraph)0x9e02; }
+    int in_cap = cap_from >= 0 && i >= cap_from && i < cap_from + cap_len;
+    int in_hidden = hidden_from >= 0 && i >= hidden_from && i < hidden_from + hidden_len;
+    /* inside a capture, launches alternate between its stream and another one */
+    launch_on(in_hidden || (in_cap && i % 2 == 0) ? (CUstream)0x5e00 : (CUstream)0x5f00, (int)i);
+    made++;
+    if (in_cap && i == cap_from + cap_len - 1) {
+      CUgraph out = cap_graph;
+      cuStreamEndCapture_params e = {cap_stream, &out};
+      cupti_api(CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, "cuStreamEndCapture", &e);
+      cap_id = 0;
+    }
+    if (in_hidden && i == hidden_from + hidden_len - 1) cap_id = 0;
+    if (i + 1 == signal_at) raise(SIGUSR2);
+  }
+  mc_files_finalize();
+  mc_meta_write(1);
+  printf("{\"done\":{\"launches_made\":%ld,\"synced_at\":%ld,\"sync_calls\":%ld,\"sync_capturing\":%ld,"
+         "\"dtoh_calls\":%ld,\"off\":%d,\"devmem\":%u}}\n", made, synced_at, sync_calls, sync_capturing, dtoh_calls,
+         atomic_load(&mc_off), DEVMEM);
+  return 0;
+}
+
 static int set_knob(const char *k) {
   if (strcmp(k, "compact") == 0) mc_knobs.compact = 1;
   else if (strcmp(k, "alloc_log") == 0) mc_knobs.alloc_log = 1;
@@ -855,6 +968,15 @@ static int set_knob(const char *k) {
   else if (strncmp(k, "copy_bytes=", 11) == 0) mc_knobs.copy_bytes = (unsigned)strtoul(k + 11, NULL, 10);
   else if (strcmp(k, "writer=write") == 0) mc_knobs.writer_write = 1;
   else if (strncmp(k, "fail=", 5) == 0) copies_fail_at = atol(k + 5);
+  else if (strncmp(k, "snapshot_at=", 12) == 0) mc_knobs.snapshot_at = strtoull(k + 12, NULL, 10);
+  else if (strcmp(k, "snapshot_signal") == 0) mc_knobs.snapshot_signal = 1;
+  else if (strncmp(k, "snapshot_bytes=", 15) == 0) mc_knobs.snapshot_bytes = strtoull(k + 15, NULL, 10);
+  else if (strncmp(k, "signal_at=", 10) == 0) signal_at = atol(k + 10);
+  else if (strncmp(k, "capture=", 8) == 0) sscanf(k + 8, "%ld:%ld", &cap_from, &cap_len);
+  else if (strncmp(k, "hidden=", 7) == 0) sscanf(k + 7, "%ld:%ld", &hidden_from, &hidden_len);
+  else if (strncmp(k, "dtoh_fail=", 10) == 0) dtoh_fail = atol(k + 10);
+  else if (strcmp(k, "sync_fail") == 0) sync_fail = 1;
+  else if (strcmp(k, "block_dir") == 0) block_dir = 1;
   else return -1;
   return 0;
 }
@@ -875,11 +997,16 @@ int main(int argc, char **argv) {
   if (strcmp(form, "filtered") == 0) {
     mc_knobs.has_include = regcomp(&mc_knobs.include_re, "^no_such_kernel$", REG_EXTENDED | REG_NOSUB) == 0;
   }
-  if (strcmp(mode, "all") == 0 || strcmp(mode, "copies") == 0 || strcmp(mode, "copybench") == 0)
+  mc_knobs.snapshot_bytes = 8ull << 30;   /* init.c's default */
+  if (strcmp(mode, "all") == 0 || strcmp(mode, "copies") == 0 || strcmp(mode, "copybench") == 0 ||
+      strcmp(mode, "snapshot") == 0)
     for (int i = strcmp(mode, "copybench") == 0 ? 6 : 5; i < argc; i++)
       if (set_knob(argv[i]) != 0) { fprintf(stderr, "unknown knob %s\n", argv[i]); return 2; }
+  mc_knobs.snapshot = (mc_knobs.snapshot_at || mc_knobs.snapshot_signal) && !mc_knobs.modules_only;
+  if (mc_knobs.snapshot) mc_knobs.alloc_log = 1;   /* as init.c's read_knobs */
   mc_pid = getpid();
   fake_driver();
+  mc_snapshot_init();
   if (strcmp(mode, "oom") == 0) {
     mc_knobs.alloc_log = 1;
     fail_at = n;
@@ -888,6 +1015,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "oom") == 0 && argc > 5) return run_oom(argv[5]);
   if (strcmp(mode, "all") == 0) return run_all(argv[4]);
   if (strcmp(mode, "copies") == 0) return run_copies(n);
+  if (strcmp(mode, "snapshot") == 0) return run_snapshot(argv[2], n);
   if (strcmp(mode, "copybench") == 0 && argc > 5) return run_copybench(n, (size_t)atol(argv[5]));
   if (strcmp(mode, "records") == 0) {
     for (long i = 0; i < n; i++) {
