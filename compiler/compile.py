@@ -109,6 +109,7 @@ def compile_capture(dump, doc, label: str = "", requests=None) -> CompileResult:
                      + ("; the others are unnamed (provenance.json `inputs` says why)" if len(named) < len(assigned)
                         else ""))
     prov = provenance(progs, layouts, decls, doc, notes + em.notes)
+    prov["splits"] = em.splits      # calls launched by row range (compiler.builds): builds, ranges, open gaps
     prov["inputs"] = {"manifest": {a.name: {"fill": a.fill, "dtype": a.dtype, "because": a.because} for a in assigned},
                       "by_kind": [e.to_json() for e in entries],
                       "requests": None if requests is None else requests.source,

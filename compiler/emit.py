@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from compiler import builds
 from compiler.buffers import Decl, Layout
 from compiler.errors import CompileError
 from compiler.exprs import ROWS, Fitter, lanes
@@ -42,6 +45,57 @@ def _arg(e, typ: str = "i32") -> dict:
     return {"var": ROWS} if e == ROWS else {"expr": e}
 
 
+class _Whole:
+    """Every field of a call that launches one way: the program's fitter decides (compiler.exprs)."""
+
+    def __init__(self, fit: Fitter, k: int, site: str):
+        self.fit, self.k, self.site = fit, k, site
+
+    def value(self, field: str, values: list[int], lane: bool = False):
+        return self.fit.value(self.k, field, values, self.site, lane)
+
+
+class _Split(_Whole):
+    """A field of one build of a split call (compiler.builds): what one expression serves over the
+    program's forwards stays the program's (the builds share it); a field no single expression
+    serves is fitted over the build's own forwards."""
+
+    def __init__(self, fit: Fitter, part: Fitter, k: int, site: str, build: builds.Build, tokens: list[int]):
+        super().__init__(fit, k, site)
+        self.part, self.build = part, build
+        self.tokens = np.asarray(tokens, np.int64)
+        self.index = np.asarray(build.samples, np.int64)
+
+    def value(self, field: str, values: list[int], lane: bool = False):
+        launches = [s.steps[self.k].launch for s in self.fit.prog.samples]
+        v_all = np.asarray(_field(launches, field), np.int64)
+        if not builds.needs_pieces(self.tokens, v_all):
+            return self.fit.value(self.k, field, v_all.tolist(), self.site, lane)
+        return self.part.value(self.k, field, values, self.site, lane)
+
+
+def _field(launches, field: str) -> list[int]:
+    """A field's value in each launch, by the names compiler.exprs fits them under."""
+    if field.startswith("grid_"):
+        j = "xyz".index(field[-1])
+        return [x.grid[j] for x in launches]
+    if field == "smem":
+        return [x.smem for x in launches]
+    i, _, at = field[len("param"):].partition("+")
+    if not at:
+        return [x.params[int(i)].value for x in launches]
+    at = int(at)
+    return [int.from_bytes((x.params[int(i)].raw or b"")[at:at + 4].ljust(4, b"\0"), "little") for x in launches]
+
+
+def _same_abi(launch: dict, earlier: list[dict], where: str) -> None:
+    """The builds of one call must pass the same parameters: one interface serves them all."""
+    for e in earlier:
+        if e["params"] != launch["params"] or [a.get("param") for a in e["args"]] != [a.get("param") for a in launch["args"]]:
+            raise CompileError(f"{where}: its builds take different parameter lists ({len(e['params'])} and "
+                               f"{len(launch['params'])} params, or pointers at other places), so one op cannot hold them")
+
+
 class Emitter:
     def __init__(self, decls: dict[str, Decl], doc, label: str):
         self.decls, self.doc = decls, doc
@@ -51,6 +105,7 @@ class Emitter:
         self.notes: list[str] = []
         self.label = label
         self.calls_info: dict[str, list] = {}
+        self.splits: dict[str, list] = {}     # program -> calls split by row range (compiler.builds)
 
     def _where(self, lay: Layout, k: int, i: int, at: int) -> tuple[dict, str]:
         u = lay.uses[(k, i, at)]
@@ -60,12 +115,12 @@ class Emitter:
         d = self.decls[name]
         return ({"buf": name, **({"offset": off} if off else {})}, pointer_type(u.direction, d.dtype))
 
-    def _op(self, params: list[str], launch: dict, hint: str) -> str:
-        key = json.dumps([params, launch], sort_keys=True)
+    def _op(self, params: list[str], launches: list[dict], hint: str) -> str:
+        key = json.dumps([params, launches], sort_keys=True)
         if key not in self.op_keys:
             name = f"k{len(self.op_keys)}.{hint[:40]}"
             self.op_keys[key] = name
-            self.ops[name] = {"params": params, "impl": {"launches": [launch]}}
+            self.ops[name] = {"params": params, "impl": {"launches": launches}}
         return self.op_keys[key]
 
     def gemm(self, prog: Program, fit: Fitter, lay: Layout, k: int) -> dict:
@@ -95,31 +150,67 @@ class Emitter:
         where = f"{prog.name} call {k} (call site {x.site}, launch seq {x.seq})"
         if not x.sha256:
             raise CompileError(f"{where}: the capture did not resolve the launch's module, so no sha256 pins it")
-        for s in prog.samples:
-            if s.steps[k].launch.block != x.block:
-                raise CompileError(f"{where}: its block shape differs between forwards; kern's launch has one")
-        iface, iargs, lparams, largs = [], [], [], []
+        samples = [s.steps[k].launch for s in prog.samples]
+        tokens = [s.tokens for s in prog.samples]
+        try:
+            parts = builds.partition(samples, tokens)
+        except builds.Interleaved as exc:
+            raise CompileError(f"{where}: its launch differs between forwards and {exc}; kern's launches "
+                               f"split by row ranges only") from None
+        iface, iargs, memo = [], [], {}
 
         def pointer(i: int, at: int) -> int:
-            a, t = self._where(lay, k, i, at)
-            iface.append(t)
-            iargs.append(a)
-            return len(iface) - 1
+            if ("ptr", i, at) not in memo:
+                a, t = self._where(lay, k, i, at)
+                iface.append(t)
+                iargs.append(a)
+                memo[("ptr", i, at)] = len(iface) - 1
+            return memo[("ptr", i, at)]
+
+        def interface(key: tuple, typ: str, arg: dict) -> int:
+            # one interface param per field and argument: a later build passing the same reuses it
+            if (key, typ, json.dumps(arg, sort_keys=True)) not in memo:
+                iface.append(typ)
+                iargs.append(arg)
+                memo[(key, typ, json.dumps(arg, sort_keys=True))] = len(iface) - 1
+            return memo[(key, typ, json.dumps(arg, sort_keys=True))]
+
+        launches = []
+        for b in parts:
+            if len(parts) == 1:
+                view, choose = prog, _Whole(fit, k, x.site)
+            else:
+                view = Program(prog.name, [prog.samples[n] for n in b.samples])
+                choose = _Split(fit, Fitter(view, self.doc), k, x.site, b, tokens)
+            launch = self._launch(view, choose, k, where, pointer, interface, iface)
+            if len(parts) > 1:
+                launch["when"] = {"var": ROWS, "min": b.when[0], **({"max": b.when[1]} if b.when[1] is not None else {})}
+                _same_abi(launch, launches, where)
+                fit.notes += choose.part.notes
+            launches.append(launch)
+        if len(parts) > 1:
+            self.splits.setdefault(prog.name, []).append(
+                {"call": k, "site": x.site, "entry": x.symbol, "builds": [b.to_json() for b in parts]})
+        op = self._op(iface, launches, x.symbol.lstrip("_"))
+        return {"label": f"{k}.{x.site[:60]}", "op": op, "args": iargs}
+
+    def _launch(self, view: Program, choose, k: int, where: str, pointer, interface, iface: list) -> dict:
+        """One kernel launch of call k over the samples of `view` (the program, or one build)."""
+        x = view.rep.steps[k].launch
+        lparams, largs = [], []
 
         def scalar(i: int, size: int, field: str, values: list[int]):
             # a one-byte param may be an empty C++ struct, whose byte is indeterminate: a lane
-            e = fit.value(k, field, values, x.site, lane=size == 1)
+            e = choose.value(field, values, lane=size == 1)
             typ = SCALAR[size]
             if isinstance(e, int):
                 return {typ: e if typ == "u8" else _signed(e, size * 8)}
             if typ == "u8":
                 raise CompileError(f"{where}: the one-byte param #{i} follows the token count; kern passes u8 literals only")
-            iface.append(typ)
-            iargs.append(_arg(e, typ))
-            return {"param": len(iface) - 1}
+            return {"param": interface(("param", i), typ, _arg(e, typ))}
 
         for p in x.params:
-            vals = [s.steps[k].launch.params[p.i].value for s in prog.samples]
+            vals = [s.steps[k].launch.params[p.i].value for s in view.samples]
             if p.pointer:
                 lparams.append(None)
                 largs.append({"param": pointer(p.i, 0)})
@@ -128,35 +219,36 @@ class Emitter:
                 largs.append(scalar(p.i, p.size, f"param{p.i}", vals))
             else:
                 lparams.append(f"bytes<{p.size}>")
-                largs.append({"pack": self._pack(prog, fit, k, p, pointer, where)})
+                largs.append({"pack": self._pack(view, choose, k, p, pointer, where)})
         for n, t in enumerate(lparams):
             if t is None:
                 lparams[n] = iface[largs[n]["param"]]
-        grid = [fit.value(k, f"grid_{a}", [s.steps[k].launch.grid[j] for s in prog.samples], x.site)
+        grid = [choose.value(f"grid_{a}", [s.steps[k].launch.grid[j] for s in view.samples])
                 for j, a in enumerate("xyz")]
-        smem = fit.value(k, "smem", [s.steps[k].launch.smem for s in prog.samples], x.site)
+        smem = choose.value("smem", [s.steps[k].launch.smem for s in view.samples])
+        if not x.sha256:
+            raise CompileError(f"{where}: the capture did not resolve the launch's module, so no sha256 pins it")
         mod = f"m.{x.sha256[:16]}"
         self.modules[mod] = {"source": f"{x.sha256}.cubin", "sha256": x.sha256}
         launch = {"module": mod, "entry": x.symbol, "block": list(x.block), "grid": grid,
                   "params": lparams, "args": largs}
         if smem:
             launch["shared_mem"] = smem
-        op = self._op(iface, launch, x.symbol.lstrip("_"))
-        return {"label": f"{k}.{x.site[:60]}", "op": op, "args": iargs}
+        return launch
 
-    def _pack(self, prog, fit, k, p, pointer, where) -> dict:
+    def _pack(self, view, choose, k, p, pointer, where) -> dict:
         if p.raw is None or len(p.raw) < p.size:
             raise CompileError(f"{where}: the dump kept only {0 if p.raw is None else len(p.raw)} of the "
                                f"{p.size} bytes of by-value param #{p.i}")
-        x = prog.rep.steps[k].launch
+        x = view.rep.steps[k].launch
         words = [w for w in x.words if w.i == p.i]
         fields = [{"at": w.at, "param": pointer(p.i, w.at)} for w in words]
         for at in lanes(p.raw, {w.at for w in words}):
             vals = []
-            for s in prog.samples:
+            for s in view.samples:
                 raw = s.steps[k].launch.params[p.i].raw or b""
                 vals.append(int.from_bytes(raw[at:at + 4].ljust(4, b"\0"), "little"))
-            e = fit.value(k, f"param{p.i}+{at}", vals, x.site, lane=True)
+            e = choose.value(f"param{p.i}+{at}", vals, lane=True)
             if isinstance(e, int):
                 if e:
                     fields.append({"at": at, "i32": _signed(e, 32)})
@@ -179,7 +271,7 @@ def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, l
         programs[prog.name] = {"batch": {"groups": 1, "rows": rows}, "calls": calls,
                                **({"graph": True} if prog.name == "decode" else {})}
         fitnotes += fit.notes
-    em.notes += fitnotes
+    em.notes += fitnotes + builds.notes(em.splits)
     vars_ = {}
     pre = next((p for p in progs if p.name == "prefill"), None)
     if pre is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from compiler import externs
+from compiler import builds, externs
 from compiler.errors import CompileError
 from compiler.launches import Launch, read_launches
 from vocab.analysis import AnalysisDoc, site_name
@@ -130,13 +130,25 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
             continue
         sig, n = serve.most_common(1)[0]
         prog = Program(name, [])
+        others = []
         for f in kind:
             s = samples[f.forward]
             if tuple(st.key for st in s.steps) == sig:
                 prog.samples.append(s)
             else:
-                prog.left_out[f.forward] = (f"its {len(s.steps)} calls are not the {len(sig)}-call sequence "
-                                            f"{n} serving {name} forward(s) share")
+                others.append(s)
+        joined = 0
+        for s in others:
+            why = _join(prog, s)
+            if why is None:
+                joined += 1
+                continue
+            prog.left_out[s.forward] = why or (f"its {len(s.steps)} calls are not the {len(sig)}-call sequence "
+                                               f"{n} serving {name} forward(s) share")
+        prog.samples.sort(key=lambda s: s.forward)
+        if joined:
+            notes.append(f"{name}: {joined} forward(s) of another module or entry at some calls (the same parameters) "
+                         f"joined the program; those calls launch by row range (compiler.builds)")
         if not prog.rep.steps:
             raise CompileError(f"every launch of the {name} forwards reads host memory; nothing is left to compile")
         out.append(prog)
@@ -144,6 +156,32 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
             notes.append(f"{name}: {len(prog.left_out)} forward(s) left out for another call sequence "
                          f"(forwards {sorted(prog.left_out)[:8]})")
     return out, notes
+
+
+def _abi(x: Launch) -> tuple:
+    return (tuple(p.size for p in x.params), tuple(sorted((w.i, w.at) for w in x.words)))
+
+
+def _join(prog: Program, s: Sample) -> str | None:
+    """Add `s` to the program where its calls differ from the program's only by kernel builds
+    (another module or entry with the same parameters) that follow the rows (compiler.builds):
+    None when joined, else why not ("" for a plainly other sequence)."""
+    base = prog.samples[0].steps
+    if len(s.steps) != len(base):
+        return ""
+    diff = [k for k, (a, b) in enumerate(zip(s.steps, base)) if a.key != b.key]
+    if any(s.steps[k].gemm is not None or base[k].gemm is not None or _abi(s.steps[k].launch) != _abi(base[k].launch)
+           for k in diff):
+        return ""
+    tokens = [x.tokens for x in prog.samples] + [s.tokens]
+    for k in diff:
+        keys = [x.steps[k].key for x in prog.samples] + [s.steps[k].key]
+        if not builds.separable(tokens, keys):
+            return (f"its call {k} launches {s.steps[k].launch.symbol[:60]} (module {s.steps[k].launch.sha256[:12]}) "
+                    f"at {s.tokens} rows, a build the program's forwards do not launch on one side of a row "
+                    f"threshold (compiler.builds)")
+    prog.samples.append(s)
+    return None
 
 
 def _copy(x: Launch) -> Launch:
