@@ -5,7 +5,9 @@ read (`mining.load`), its analysis taken from `analysis` (`mine analyze --json`,
 --flow-out`, whose measured data flow sharpens the directions) or computed; `programs` picks the
 decode and prefill forwards and their calls; `buffers` decides what every address holds;
 `exprs` fits what varies; `inputs` / `input_fills` name the inputs from the copy log and the
-host-mapped reads (kern fills; `explain_dump` reports them without compiling); `emit` writes the manifest, which must pass `manifests.verify` (else
+host-mapped reads (kern fills; `explain_dump` reports them without compiling); with a checkpoint,
+`weight_binds` binds each weight buffer by the snapshot's bytes (`weights/extra.safetensors` for
+bytes no tensor holds); `emit` writes the manifest, which must pass `manifests.verify` (else
 `RejectedManifest`: a compiler bug, one sentence). Into the output folder: `manifest.json`,
 `provenance.json` (what each decision rests on) and `kernels/` (the dump's cubins by sha256; a
 module the dump holds by hash only is listed in the result's notes, and the offline ABI check
@@ -34,6 +36,7 @@ class CompileResult:
     provenance: dict
     notes: list[str] = field(default_factory=list)
     path: Optional[Path] = None
+    extras: dict = field(default_factory=dict)  # weights/extra.safetensors tensors (compiler.weight_binds)
 
     def lines(self) -> list[str]:
         m = self.manifest
@@ -46,16 +49,19 @@ class CompileResult:
 def check_inputs(dump, analysis=None, config=None, weights=None, requests=None) -> None:
     """Refuse inputs that cannot serve, before any work (one sentence each)."""
     from compiler.requests import read_requests
-    from vocab.errors import UsageError
 
     for flag, given in (("DUMP", dump), ("--analysis", analysis), ("--config", config), ("--weights", weights),
                         ("--requests", requests)):
         if given is not None and not Path(given).exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
     if weights is not None:
-        raise UsageError(f"--weights {weights}: binding weights by content needs the bytes of the capture's weight "
-                         "ranges, and captures hold none yet (the snapshot knob of issue 22 is not built); "
-                         "compile without --weights and bind the `capture.*` tensors yourself", value=weights)
+        from generators.safetensors import CheckpointError, checkpoint_files
+        from vocab.errors import UsageError
+        try:
+            checkpoint_files(weights)
+        except CheckpointError as exc:
+            raise UsageError(f"--weights {weights}: binding weights by content needs a checkpoint folder of "
+                             f"*.safetensors files ({exc})", value=weights) from None
     if requests is not None:
         read_requests(requests)
 
@@ -79,10 +85,15 @@ def explain_inputs(dump, doc, requests=None) -> tuple[list, list]:
     return fwds, input_fills.by_kind(fwds)
 
 
-def compile_capture(dump, doc, label: str = "", requests=None) -> CompileResult:
+def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional[list] = None) -> CompileResult:
     """The manifest and provenance of a loaded dump and its AnalysisDoc (`requests`: the
-    compiler.requests.Requests the capture served, for naming inputs by content)."""
+    compiler.requests.Requests the capture served, for naming inputs by content; `weights`: the
+    checkpoint's safetensors files, to bind weight buffers by the snapshot's bytes)."""
     from manifests.verify import verify
+
+    if weights is not None and getattr(dump, "snapshot", None) is None:
+        raise CompileError("--weights: the capture holds no snapshot of its device memory, so its weight bytes are "
+                           "unknown; capture again with MINE_CAPTURE_SNAPSHOT_AT=N (docs/dump-format.md \"Snapshot\")")
 
     progs, notes = programs.programs(dump, doc)
     if not progs:
@@ -93,6 +104,13 @@ def compile_capture(dump, doc, label: str = "", requests=None) -> CompileResult:
     assigned = input_fills.assign(decls, progs, fwds)
     model = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, model)
+    wb = None
+    if weights is not None:
+        from compiler.weight_binds import bind_weights
+        wb = bind_weights(decls, dump.snapshot, weights)
+        for name, segs in wb.binds.items():
+            m["buffers"][name]["bind"] = segs
+        notes += wb.notes
     bad = verify(m)
     if bad:
         raise RejectedManifest(f"the compiled manifest fails verification ({len(bad)} violations, first: {bad[0]})")
@@ -115,7 +133,9 @@ def compile_capture(dump, doc, label: str = "", requests=None) -> CompileResult:
                       "requests": None if requests is None else requests.source,
                       "steps": {str(fi.forward): {"step": None if fi.step is None else fi.step.index,
                                                   "because": fi.step_because} for fi in fwds if fi.arrays}}
-    return CompileResult(m, prov, notes + em.notes)
+    if wb is not None:
+        prov["weights"] = wb.provenance
+    return CompileResult(m, prov, notes + em.notes, extras={} if wb is None else wb.extras)
 
 
 def provenance(progs, layouts, decls, doc, notes) -> dict:
@@ -157,14 +177,18 @@ def _load(dump_path: Path, analysis, pid, cache, cache_dir):
 
 
 def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
-                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None) -> CompileResult:
+                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None,
+                 weights: Optional[Path] = None) -> CompileResult:
     """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
-    provenance.json and kernels/ there. `requests`: a requests file (compiler.requests)."""
+    provenance.json and kernels/ there. `requests`: a requests file (compiler.requests); `weights`: a
+    checkpoint folder (its *.safetensors), to bind weights by content."""
     from compiler.requests import read_requests
+    from generators.safetensors import checkpoint_files
 
     reqs = read_requests(requests) if requests is not None else None
+    files = checkpoint_files(weights) if weights is not None else None
     dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
-    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs)
+    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs, weights=files)
     if out is not None:
         write(res, out, dump)
     return res
@@ -200,6 +224,10 @@ def write(res: CompileResult, out, dump) -> None:
     path = folder.path("manifest.json")
     path.write_text(dumps(res.manifest))
     folder.path("provenance.json").write_text(json.dumps(res.provenance, indent=1, sort_keys=True) + "\n")
+    if res.extras:
+        from compiler.weight_binds import EXTRA_FILE
+        from generators.safetensors import write as write_safetensors
+        write_safetensors(folder.path(EXTRA_FILE), res.extras)
     cubins = Path(str(dump.source.parent)) / "cubins"
     absent = []
     for name, ref in sorted(res.manifest["modules"].items()):

@@ -36,7 +36,8 @@ class Piece:
     tensor: str
     start: int  # byte offset in the tensor
     length: int  # bytes
-    alternatives: tuple[str, ...] = ()  # other tensors with the same bytes at the same offset
+    alternatives: tuple[str, ...] = ()  # other tensors holding the same bytes (by name)
+    alt_starts: tuple[int, ...] = ()    # where in each alternative (byte offset), in the same order
 
 
 @dataclass(frozen=True)
@@ -134,17 +135,20 @@ def bind(data: bytes | memoryview, ix: Index, min_piece: int = KEY) -> Binding:
                 if n > best_len:
                     best, best_len, alts = (name, off), n, []
                 elif n == best_len and best is not None and n > 0:
-                    alts.append(name)
+                    alts.append((name, off))
             if best is not None:
                 break
-        if best is None or best_len < min(min_piece, len(view) - pos):
+        if best is not None and pos + best_len < len(view) and best[1] + best_len < len(ix.data(best[0])):
+            best_len -= best_len % ix.align  # a piece ends on a row boundary: a chance match past it is not one
+        if best is None or best_len < min(min_piece, len(view) - pos) or best_len == 0:
             gap_at = pos if gap_at is None else gap_at
             pos += ix.align  # a piece starts on a row boundary of the range's layout
             continue
         if gap_at is not None:
             out.append(Gap(gap_at, pos - gap_at))
             gap_at = None
-        out.append(Piece(best[0], best[1], best_len, tuple(sorted(set(alts) - {best[0]}))))
+        alt = dict(sorted((a for a in alts if a[0] != best[0]), reverse=True))  # one offset per name
+        out.append(Piece(best[0], best[1], best_len, tuple(sorted(alt)), tuple(alt[k] for k in sorted(alt))))
         pos += best_len
     if gap_at is not None:
         out.append(Gap(gap_at, len(view) - gap_at))

@@ -4,7 +4,8 @@ Why one: `mine gen qwen3 --weights` and `mine k3 binds` both match a manifest's 
 tensor names and shapes of a checkpoint's headers; a damaged header is one `CheckpointError`
 naming the file, never a struct or JSON exception. `tensor_ranges` and `tensors` add where each
 tensor's bytes lie, for the readers of the bytes (`mine compare`'s checkpoint fingerprint, the
-compiler's weight binder).
+compiler's weight binder). `write` makes a file of named tensors (the compiler's
+weights/extra.safetensors: the bytes of weight ranges no checkpoint tensor holds).
 """
 
 from __future__ import annotations
@@ -95,6 +96,27 @@ def tensors(paths: list[Path]) -> dict[str, Tensor]:
                 raise CheckpointError(f"tensor {t.name!r} is in both {out[t.name].file.name} and {p.name}")
             out[t.name] = t
     return out
+
+
+def write(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> Path:
+    """A safetensors file of `tensors` (name -> (dtype as safetensors spells it, shape, bytes)), names
+    in sorted order, the header padded to 8 bytes; written to a temporary name and renamed."""
+    path = Path(path)
+    header, blobs, at = {}, [], 0
+    for name in sorted(tensors):
+        dtype, shape, data = tensors[name]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(bytes(data))
+        at += len(data)
+    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    head += b" " * (-len(head) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for b in blobs:
+            f.write(b)
+    tmp.replace(path)
+    return path
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

@@ -22,8 +22,9 @@ def compile_cmd(
                                             "or `mine replay --flow-out` with measured data flow); computed when omitted."),
     config: Optional[Path] = typer.Option(None, "--config", help="Accepted for the issue's interface; the compiler "
                                           "reads nothing from it (no model knowledge)."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder to bind weight ranges by "
-                                           "content; refused until the capture holds weight bytes."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder (*.safetensors) to bind the "
+                                           "weight buffers to by the capture's snapshot bytes (MINE_CAPTURE_SNAPSHOT_AT; "
+                                           "bytes no tensor holds go to weights/extra.safetensors)."),
     requests: Optional[Path] = typer.Option(None, "--requests", help="The requests the capture served (a truth file: "
                                             "prompts and outputs), to name inputs by content (docs/compile.md)."),
     explain_inputs: bool = typer.Option(False, "--explain-inputs", help="Only report each forward kind's host inputs "
@@ -55,7 +56,7 @@ def compile_cmd(
         return
     with archive_named(dump), progress(f"reading and compiling {dump}"):
         result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
-                              requests=requests)
+                              requests=requests, weights=weights)
     for line in result.lines():
         typer.echo(line)
 
