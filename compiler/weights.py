@@ -14,7 +14,10 @@ Candidates are found through an index of every tensor's bytes at every row start
 tensor's last dimension): a range piece starts at a row boundary of its tensor in every layout an
 engine makes by concatenating or sharding along rows. Equal-content tensors (a random-init norm
 weight of ones in every layer) are all listed as alternatives of a piece; which one is meant is
-not a question the bytes can answer, and the binder says so rather than guessing.
+not a question the bytes can answer, and the binder says so rather than guessing (each
+alternative with its byte offset; compiler/weight_binds.py decides by address neighbours). A piece
+that stops inside its tensor is cut back to a row boundary of the index (`Index.align`): bytes past
+the end of a slice may agree with the tensor's next ones by chance.
 """
 
 from __future__ import annotations
