@@ -125,12 +125,15 @@ def _short(xs: list[int]) -> str:
 
 
 def _pinned(x: np.ndarray, v: np.ndarray) -> bool:
-    """A piece of a field: one value throughout, or one fitted expression (mining.fit `fit`)."""
+    """A piece of a field: one value throughout, or one fitted expression (mining.fit `fit`), or
+    forms among which the bare rows are (compiler.exprs takes the simplest: `rows`)."""
     if (v == v[0]).all():
         return True
     if len(np.unique(x)) < 2:
         return False
     f = F.fit({"tokens": x}, v, piecewise=False)
+    if f.status == "underdetermined":
+        return "tokens" in f.alternatives
     return f.status == "fit" and _positive(f)
 
 

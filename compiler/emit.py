@@ -11,6 +11,13 @@ parameters, in its ABI order:
 - anything else (a by-value struct) -> `bytes<N>` with a `pack`: its pointer words as fields of
   interface pointer params, each non-zero 4-byte lane as an `i32` literal or `expr` field.
 
+A call whose launch differs by row count (compiler.builds: another block, module or entry, or a
+grid/smem/scalar in two pieces) is one op with a launch per build, each guarded by `when` over
+`rows`; its launches share the interface (pointers once, a scalar's param once per argument), a
+field one expression serves over the program's forwards keeps that expression in every build, the
+others are fitted over each build's own forwards. The splits go to `Emitter.splits` (provenance)
+and one note per program and kind of split.
+
 A GEMM is a call of the one op `gemm` (`extern:cublaslt_bf16_tn`, args x, W, C, m, n, k).
 Modules are pinned by the dump's sha256 (`source` `<sha256>.cubin`). Decode runs `graph: true`
 (every value of its calls is a constant: one token); prefill runs with `rows` up to the largest
@@ -60,9 +67,10 @@ class _Split(_Whole):
     program's forwards stays the program's (the builds share it); a field no single expression
     serves is fitted over the build's own forwards."""
 
-    def __init__(self, fit: Fitter, part: Fitter, k: int, site: str, build: builds.Build, tokens: list[int]):
+    def __init__(self, fit: Fitter, part: Fitter, k: int, site: str, build: builds.Build, tokens: list[int],
+                 shared: dict):
         super().__init__(fit, k, site)
-        self.part, self.build = part, build
+        self.part, self.build, self.shared = part, build, shared     # shared: field -> the program's value
         self.tokens = np.asarray(tokens, np.int64)
         self.index = np.asarray(build.samples, np.int64)
 
@@ -70,7 +78,9 @@ class _Split(_Whole):
         launches = [s.steps[self.k].launch for s in self.fit.prog.samples]
         v_all = np.asarray(_field(launches, field), np.int64)
         if not builds.needs_pieces(self.tokens, v_all):
-            return self.fit.value(self.k, field, v_all.tolist(), self.site, lane)
+            if field not in self.shared:
+                self.shared[field] = self.fit.value(self.k, field, v_all.tolist(), self.site, lane)
+            return self.shared[field]
         return self.part.value(self.k, field, values, self.site, lane)
 
 
@@ -175,13 +185,13 @@ class Emitter:
                 memo[(key, typ, json.dumps(arg, sort_keys=True))] = len(iface) - 1
             return memo[(key, typ, json.dumps(arg, sort_keys=True))]
 
-        launches = []
+        launches, shared = [], {}
         for b in parts:
             if len(parts) == 1:
                 view, choose = prog, _Whole(fit, k, x.site)
             else:
                 view = Program(prog.name, [prog.samples[n] for n in b.samples])
-                choose = _Split(fit, Fitter(view, self.doc), k, x.site, b, tokens)
+                choose = _Split(fit, Fitter(view, self.doc), k, x.site, b, tokens, shared)
             launch = self._launch(view, choose, k, where, pointer, interface, iface)
             if len(parts) > 1:
                 launch["when"] = {"var": ROWS, "min": b.when[0], **({"max": b.when[1]} if b.when[1] is not None else {})}

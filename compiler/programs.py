@@ -14,7 +14,10 @@ the kind share:
 
 Start-up forwards (profile and warm-up passes) join a program when their sequence is the same:
 they add sample points for the expressions (compiler.exprs) and the largest one sets the rows
-the prefill is sized for. Forwards of another sequence are listed as left out, with their count.
+the prefill is sized for. A forward whose calls differ only by kernel builds -- another module or
+entry at a call, with the same parameter sizes and pointer places, that the program's forwards
+and it launch on either side of one row threshold (compiler.builds) -- joins too: those calls
+launch by row range. Forwards of another sequence are listed as left out, with their count.
 """
 
 from __future__ import annotations
@@ -177,9 +180,10 @@ def _join(prog: Program, s: Sample) -> str | None:
     for k in diff:
         keys = [x.steps[k].key for x in prog.samples] + [s.steps[k].key]
         if not builds.separable(tokens, keys):
-            return (f"its call {k} launches {s.steps[k].launch.symbol[:60]} (module {s.steps[k].launch.sha256[:12]}) "
-                    f"at {s.tokens} rows, a build the program's forwards do not launch on one side of a row "
-                    f"threshold (compiler.builds)")
+            mine, theirs = s.steps[k].launch, base[k].launch
+            return (f"its call {k} launches {mine.symbol[:60]} (module {mine.sha256[:12]}) at {s.tokens} rows, where "
+                    f"the program's forwards launch module {theirs.sha256[:12]}: no one row threshold separates the "
+                    f"builds (compiler.builds)")
     prog.samples.append(s)
     return None
 
