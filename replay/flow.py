@@ -106,16 +106,19 @@ def direction(wrote: bool, read: bool | None) -> str:
     return "in" if read else "unused"
 
 
-def kern_direction(direction: str, written_bytes: int, span_bytes: int, persistent: bool) -> str | None:
-    """The kern manifest direction (in | out | inout) a measured one stands for; None where reads
-    were not judged. Two rules bridge the vocabularies: kern has no `unused`, and a pointer the
-    launch neither reads nor writes is passed read-only (`in`); a launch that writes only part of
-    a persistent state (a KV cache at the step's slots) leaves the rest as it was, so the state
-    after it depends on the state before it (`inout`), whatever the launch read."""
+def kern_directions(direction: str, written_bytes: int, span_bytes: int, persistent: bool) -> frozenset[str] | None:
+    """The kern manifest directions (in | out | inout) that declare exactly what was measured,
+    within kern's vocabulary; None where reads were not judged. Two rules bridge the vocabularies:
+    kern has no `unused`, so a pointer the launch neither reads nor writes may be declared `in` or
+    `out` (each claims one access that does not happen; which one a manifest needs is kern's
+    dataflow rule, a read of a buffer nothing wrote being refused), never `inout` (claims both); a
+    launch that writes only part of a persistent state (a KV cache at the step's slots) leaves the
+    rest as it was, so the state after it depends on the state before it: `inout`, whatever the
+    launch read."""
     if direction.endswith("?"):
         return None
     if direction == "unused":
-        return "in"
+        return frozenset({"in", "out"})
     if direction == "out" and persistent and written_bytes < span_bytes:
-        return "inout"
-    return direction
+        return frozenset({"inout"})
+    return frozenset({direction})

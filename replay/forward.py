@@ -56,11 +56,14 @@ class ForwardReplay:
 
 
 def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
-    """`plan` with word k pointing at a copy of its region (appended as the last region)."""
+    """`plan` with word k pointing at a copy of its region (appended as the last region; the
+    copy's loaded pointers are rewritten like the original's)."""
     w = plan.words[k]
     words = list(plan.words)
-    words[k] = replace(w, region=len(plan.regions))
-    return replace(plan, regions=plan.regions + [plan.regions[w.region]], words=words)
+    new = len(plan.regions)
+    words[k] = replace(w, region=new)
+    ind = plan.indirect + [(new, off, tk, toff, cap) for r, off, tk, toff, cap in plan.indirect if r == w.region]
+    return replace(plan, regions=plan.regions + [plan.regions[w.region]], words=words, indirect=ind)
 
 
 def _shared(plan: LaunchPlan) -> list[bool]:
@@ -71,9 +74,24 @@ def _shared(plan: LaunchPlan) -> list[bool]:
 
 
 def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
+    """Upload `fill` (captured addresses in loaded pointer tables rewritten onto the fresh
+    regions), run, download (those words back to captured addresses where the launch left them)."""
+    fill = list(fill)
+    put: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    for r, off, tk, toff, cap in s.plan.indirect:
+        if fill[r] is not None and off + 8 <= len(fill[r]):
+            if not any(k[0] == r for k in put):
+                fill[r] = fill[r].copy()
+            new = (s.bases[tk] + toff).to_bytes(8, "little")
+            fill[r][off:off + 8] = np.frombuffer(new, np.uint8)
+            put[(r, off)] = (new, cap.to_bytes(8, "little"))
     for b, h in zip(s.bases, fill):
         s.gpu.upload(b, h)
-    return s.run()
+    after = s.run()
+    for (r, off), (new, cap) in put.items():
+        if after[r][off:off + 8].tobytes() == new:
+            after[r][off:off + 8] = np.frombuffer(cap, np.uint8)
+    return after
 
 
 def _poisoned(fill: list[np.ndarray], span: FL.Span, seed: int, kind: str) -> list[np.ndarray]:
@@ -261,6 +279,59 @@ def _region_addr(r: Region) -> int:
     return r.alloc_base + r.start
 
 
+TABLE_SCAN = 4 << 20          # regions up to this size are searched for loaded pointers
+
+
+def allocations(dump) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bases, sizes, buffer ids) of every device allocation a pointer word of the dump lands in,
+    sorted by base: where a pointer loaded from memory can be told from data."""
+    P = dump.params
+    P = P[P["is_ptr"].to_numpy() & (P["buffer_id"].to_numpy() >= 0)]
+    u = P.drop_duplicates("buffer_id")[["alloc_base", "alloc_size", "buffer_id"]].sort_values("alloc_base")
+    return (u["alloc_base"].to_numpy(np.uint64), u["alloc_size"].to_numpy(np.uint64), u["buffer_id"].to_numpy(np.int64))
+
+
+def find_tables(plan: LaunchPlan, init: list[np.ndarray], allocs, max_region: int, memory: Memory
+                ) -> tuple[LaunchPlan, list[np.ndarray]]:
+    """`plan` with the pointers its regions' bytes hold (8-aligned words whose value lies inside a
+    captured device allocation: a table of buffer addresses, as vLLM's block-table kernels load)
+    in `indirect`, and a region for each target allocation the plan lacks (its bytes read from
+    `memory`). A random data word lands inside an allocation with odds of its total size over 2^64;
+    zeros and small integers never do. Only device regions up to TABLE_SCAN are searched."""
+    bases, sizes, ids = allocs
+    if len(bases) == 0:
+        return plan, init
+    regions, init, ind = list(plan.regions), list(init), []
+    index = {r.buffer_id: k for k, r in enumerate(regions)}
+    for k, r in enumerate(plan.regions):
+        if r.host or r.length > TABLE_SCAN or r.length < 8:
+            continue
+        n = r.length // 8 * 8
+        v = init[k][:n].view("<u8")
+        cand = np.flatnonzero((v >= np.uint64(1 << 32)) & (v < np.uint64(1 << 47)))
+        if len(cand) == 0:
+            continue
+        j = np.searchsorted(bases, v[cand], side="right") - 1
+        ok = (j >= 0) & (v[cand] < bases[np.maximum(j, 0)] + sizes[np.maximum(j, 0)])
+        for pos, jj in zip(cand[ok].tolist(), j[ok].tolist()):
+            val, base, size, bid = int(v[pos]), int(bases[jj]), int(sizes[jj]), int(ids[jj])
+            off = val - base
+            t = index.get(bid)
+            if t is None:
+                start = off // (1 << 16) * (1 << 16)
+                length = min(size - start, off - start + max_region)
+                t = index[bid] = len(regions)
+                regions.append(Region(bid, base, size, start, max(length, 1), length < size - start))
+                init.append(memory.read(base + start, max(length, 1)))
+            g = regions[t]
+            if not (g.start <= off < g.start + g.length):
+                continue      # beyond the region the launch's own words needed: left as captured
+            ind.append((k, pos * 8, t, off - g.start, val))
+    if not ind:
+        return plan, init
+    return replace(plan, regions=regions, indirect=ind), init
+
+
 def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_region: int = FORWARD_REGION,
                    device: int = 0, timeout_s: float = 120.0, progress=None, runner=None) -> ForwardReplay:
     """Replay every launch record from `warm_from` (default: the first target) to the last target
@@ -281,6 +352,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     writes = timeline(writes + pointee_writes(host_pointees(dump, set(window))))
     out = ForwardReplay([], (window[0], window[-1]), copies_without_bytes=unknown)
     mem = Memory()
+    allocs = allocations(dump)
     want = set(targets)
     at = 0
     workers = None
@@ -305,6 +377,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                     out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing", why, fill="forward"))
                 continue
             init = [mem.read(_region_addr(r), r.length) for r in plan.regions]
+            plan, init = find_tables(plan, init, allocs, max_region, mem)
             res, after = runner(plan, init, seq in want)
             if after is not None:
                 out.ran += 1

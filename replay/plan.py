@@ -93,6 +93,10 @@ class LaunchPlan:
     regions: list[Region]
     unmapped: list[tuple[int, int, int]] = field(default_factory=list)  # (i, at, value): address-like, in no allocation
     missing: str | None = None # why it cannot run (no cubin, no layout); None: runnable
+    # pointers the kernel loads from memory (a table of buffer addresses), found in a forward
+    # replay's bytes (replay.forward.find_tables): (region, byte offset, target region, target
+    # offset, captured value); each is rewritten onto the target's fresh region before a run
+    indirect: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:

@@ -139,8 +139,37 @@ def test_warm_start_is_before_the_latest_prefill(q2b):
 
 
 @pytest.mark.parametrize("measured,written,span,persistent,want", [
-    ("unused", 0, 64, False, "in"), ("out", 64, 64, True, "out"), ("out", 8, 64, True, "inout"),
-    ("out", 8, 64, False, "out"), ("inout", 8, 64, True, "inout"), ("in", 0, 64, True, "in"),
+    ("unused", 0, 64, False, {"in", "out"}), ("out", 64, 64, True, {"out"}), ("out", 8, 64, True, {"inout"}),
+    ("out", 8, 64, False, {"out"}), ("inout", 8, 64, True, {"inout"}), ("in", 0, 64, True, {"in"}),
     ("out?", 8, 64, True, None)])
-def test_kern_direction(measured, written, span, persistent, want):
-    assert FL.kern_direction(measured, written, span, persistent) == want
+def test_kern_directions(measured, written, span, persistent, want):
+    got = FL.kern_directions(measured, written, span, persistent)
+    assert (got is None and want is None) or got == frozenset(want)
+
+
+def test_loaded_pointers_are_found_and_get_a_region():
+    """A table of buffer addresses in a region's bytes (vLLM's block-table pointers) becomes
+    `indirect` words with a region for their target; random data and small integers do not."""
+    from replay.forward import allocations, find_tables
+    from replay.plan import plan_launch
+
+    d = load_dump(FIXTURES / "replay" / "q2r.tar.xz", cache=False)
+    L = d.launches
+    seq = int(L.loc[L["symbol"].astype(str).str.contains("rms_norm_kernel"), "seq"].iloc[0])
+    p = plan_launch(d, seq)
+    bases, sizes, ids = allocations(d)
+    mine = {r.buffer_id for r in p.regions}
+    other = next(k for k, b in enumerate(ids) if int(b) not in mine and sizes[k] >= 4096)
+    k = next(k for k, r in enumerate(p.regions) if not r.host and 64 <= r.length <= 4 << 20)
+    rng = np.random.default_rng(3)
+    init = [rng.integers(0, 2**16, r.length // 2, dtype=np.uint16).view(np.uint8).copy()
+            if r.length % 2 == 0 else np.zeros(r.length, np.uint8) for r in p.regions]
+    q, _ = find_tables(p, init, (bases, sizes, ids), 1 << 20, Memory())
+    assert q.indirect == [] and len(q.regions) == len(p.regions)
+    target = int(bases[other]) + 4096
+    init[k][40:48] = np.frombuffer(target.to_bytes(8, "little"), np.uint8)
+    q, init2 = find_tables(p, init, (bases, sizes, ids), 1 << 20, Memory())
+    assert len(q.regions) == len(p.regions) + 1 and q.regions[-1].buffer_id == int(ids[other])
+    (r, off, tk, toff, cap), = q.indirect
+    assert (r, off, tk, cap) == (k, 40, len(p.regions), target)
+    assert q.regions[tk].start + toff == 4096 and len(init2) == len(q.regions)
