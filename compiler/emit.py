@@ -99,11 +99,15 @@ def _field(launches, field: str) -> list[int]:
 
 
 def _same_abi(launch: dict, earlier: list[dict], where: str) -> None:
-    """The builds of one call must pass the same parameters: one interface serves them all."""
+    """The builds of one call must take the same parameter list: one interface serves them all."""
     for e in earlier:
-        if e["params"] != launch["params"] or [a.get("param") for a in e["args"]] != [a.get("param") for a in launch["args"]]:
+        if e["params"] != launch["params"]:
             raise CompileError(f"{where}: its builds take different parameter lists ({len(e['params'])} and "
-                               f"{len(launch['params'])} params, or pointers at other places), so one op cannot hold them")
+                               f"{len(launch['params'])} params), so one op cannot hold them")
+
+
+def _words(x) -> list[tuple]:
+    return sorted((w.i, w.at) for w in x.words)
 
 
 class Emitter:
@@ -191,6 +195,9 @@ class Emitter:
                 view, choose = prog, _Whole(fit, k, x.site)
             else:
                 view = Program(prog.name, [prog.samples[n] for n in b.samples])
+                if _words(view.rep.steps[k].launch) != _words(x):
+                    raise CompileError(f"{where}: its builds pass pointers at other parameter places (forward "
+                                       f"{view.rep.forward}), so one op's interface cannot serve them")
                 choose = _Split(fit, Fitter(view, self.doc), k, x.site, b, tokens, shared)
             launch = self._launch(view, choose, k, where, pointer, interface, iface)
             if len(parts) > 1:
@@ -200,7 +207,8 @@ class Emitter:
             launches.append(launch)
         if len(parts) > 1:
             self.splits.setdefault(prog.name, []).append(
-                {"call": k, "site": x.site, "entry": x.symbol, "builds": [b.to_json() for b in parts]})
+                {"call": k, "site": x.site, "entry": x.symbol,
+                 "builds": [{**b.to_json(), "forwards": [prog.samples[n].forward for n in b.samples]} for b in parts]})
         op = self._op(iface, launches, x.symbol.lstrip("_"))
         return {"label": f"{k}.{x.site[:60]}", "op": op, "args": iargs}
 

@@ -7,7 +7,8 @@ without such a call emit no `when`. Simulated dumps (tests/helpers/dumpsim.py, i
 pinned) with planted builds whose thresholds are known: a block switch, a grid capped at a row
 count (one call, two pieces), another module above a row count (forwards joining the program);
 the boundaries must be the documented rule's over the rows the capture holds, with the gaps left
-open said so; interleaved builds are refused (block) or left out (module) with the row counts.
+open said so; interleaved builds are refused (block) or left out (module) with the row counts, and
+builds with another parameter list are refused (one op's launches share its interface).
 """
 
 from __future__ import annotations
@@ -256,3 +257,15 @@ def test_planted_interleaved_module_leaves_its_forward_out(tmp_path):
     why = [w for w in pre["left_out"].values() if "85 rows" in w]
     assert why and "no one row threshold" in why[0]
     assert res.provenance["splits"] == {}
+
+
+def test_planted_builds_with_other_parameters_are_refused(tmp_path):
+    """One op's launches share its interface: a build passing another parameter list is named."""
+    def plant(name, rows, r):
+        if name == NORM:
+            r["block"] = [1024 if rows < BLOCK_AT else 256, 1, 1]
+            if rows >= BLOCK_AT:
+                r["params"][5].update(size=8, hex=(1024).to_bytes(8, "little").hex())
+    with pytest.raises(CompileError, match="rms_norm_kernel.*different parameter lists") as exc:
+        _compile(_sim(tmp_path, plant))
+    assert "\n" not in str(exc.value)
