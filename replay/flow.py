@@ -56,8 +56,11 @@ def tagged(lengths: list[int], spans_: list[Span]) -> list[np.ndarray]:
 
 
 def poison(n: int, seed: int, kind: str) -> np.ndarray:
-    """Seeded poison bytes: `random` (any byte) or `random16` (each 4-byte lane a random value
-    below 2^16: random bf16 halves, bounded integers)."""
+    """Seeded poison bytes: `random` (any byte), `random16` (each 4-byte lane a random value
+    below 2^16: random bf16 halves, bounded integers) or `ones` (0xFF: NaN as any float, -1 as
+    any integer)."""
+    if kind == "ones":
+        return np.full(n, 0xFF, np.uint8)
     b = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
     if kind == "random16":
         lane = np.arange(n) % 4

@@ -50,7 +50,10 @@ class ForwardReplay:
     window: tuple[int, int]                # first and last seq replayed
     ran: int = 0                           # launches of the window that ran
     skipped: list[tuple[int, str]] = field(default_factory=list)   # (seq, why): could not run
-    faults: list[tuple[int, str]] = field(default_factory=list)    # window launches that faulted on S
+    # window launches that faulted on the rebuilt bytes: (seq, driver error, the launches left out
+    # earlier in the window that were given one of its buffers: their output, never computed, is
+    # what it read -- a sampled token index, a gather's indices)
+    faults: list[tuple[int, str, list[int]]] = field(default_factory=list)
     host_writes: int = 0                   # copies and pointees applied
     copies_without_bytes: int = 0
 
@@ -83,14 +86,15 @@ def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
             if not any(k[0] == r for k in put):
                 fill[r] = fill[r].copy()
             new = (s.bases[tk] + toff).to_bytes(8, "little")
+            was = fill[r][off:off + 8].tobytes()    # the captured pointer, or a poison over it
             fill[r][off:off + 8] = np.frombuffer(new, np.uint8)
-            put[(r, off)] = (new, cap.to_bytes(8, "little"))
+            put[(r, off)] = (new, was)
     for b, h in zip(s.bases, fill):
         s.gpu.upload(b, h)
     after = s.run()
-    for (r, off), (new, cap) in put.items():
+    for (r, off), (new, was) in put.items():
         if after[r][off:off + 8].tobytes() == new:
-            after[r][off:off + 8] = np.frombuffer(cap, np.uint8)
+            after[r][off:off + 8] = np.frombuffer(was, np.uint8)
     return after
 
 
@@ -353,6 +357,12 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     out = ForwardReplay([], (window[0], window[-1]), copies_without_bytes=unknown)
     mem = Memory()
     allocs = allocations(dump)
+    P = dump.params
+    P = P[P["is_ptr"].to_numpy() & (P["seq"].to_numpy() >= window[0]) & (P["seq"].to_numpy() <= window[-1])]
+    ptr_values: dict[int, set] = {}
+    for sq, v in zip(P["seq"].to_numpy(np.int64).tolist(), P["value"].to_numpy(np.uint64).tolist()):
+        ptr_values.setdefault(sq, set()).add(int(v))
+    fed: dict[int, int] = {}          # pointer value -> the first left-out launch given it
     want = set(targets)
     at = 0
     workers = None
@@ -373,6 +383,8 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 why = plan.missing
             if why:
                 out.skipped.append((seq, why))
+                for v in ptr_values.get(seq, ()):
+                    fed.setdefault(v, seq)
                 if seq in want:
                     out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing", why, fill="forward"))
                 continue
@@ -384,7 +396,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 for r, b, a in zip(plan.regions, init, after):
                     mem.write_changed(_region_addr(r), b, a)
             elif res is not None:
-                out.faults.append((seq, res.message))
+                out.faults.append((seq, res.message, sorted({fed[w.captured] for w in plan.words if w.captured in fed})))
             if seq in want:
                 out.results.append(res)
             if progress:

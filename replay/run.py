@@ -28,8 +28,10 @@ from vocab.errors import MineError
 
 FILL_TIMED = "tagged"
 # poisons tried in order until one shows a read: bounded first (every 4-byte lane below 2^16, so
-# a loop bound or an index read from it cannot make a kernel run for ever), then any bytes
-POISONS = ("random16", "random")
+# a loop bound or an index read from it cannot make a kernel run for ever), then any bytes, then
+# all ones (NaN in every float width, -1 in every integer width): a read whose value cancels out
+# (a softmax's running max over one active segment) still carries a NaN into the output
+POISONS = ("random16", "random", "ones")
 
 
 @dataclass
