@@ -101,6 +101,10 @@ def read_launches(dump, seqs: list[int]) -> dict[int, Launch]:
             i, size, at, value = int(i), int(size), int(at), int(value)
             if not word:
                 raw = bytes.fromhex(hx) if isinstance(hx, str) and hx else None
+                if raw is None and not is_ptr and 0 < size < 8 and size not in (1, 4):
+                    # a small by-value type (a 2-byte fill value, a 3/5/6/7-byte struct): the
+                    # frames keep bytes as hex only past 8 bytes; below, `value` holds them
+                    raw = value.to_bytes(8, "little")[:size]
                 params.append(Param(i, size, value, raw, bool(is_ptr) and size == 8))
                 if is_ptr:
                     words.append(Word(i, 0, value, int(base), int(asize)))
