@@ -23,8 +23,13 @@ provenance, `Decision.because`):
 Directions: measured (`flow`, replay/flow.py) when `in`/`out`/`inout`; a GEMM's operands `in` and
 its output `out`; otherwise from the class -- weights and inputs `in`, states `inout`, and a
 workspace word `out` when no earlier call of the program wrote its bytes, `inout` after. A
-measured `unused` (data-dependent kernels such as attention, replayed on small-integer fills) is
-not trusted: the class decides, and the provenance says so.
+measured `unused` of a launch replayed alone (data-dependent kernels such as attention, on
+small-integer fills) is not trusted: the class decides, and the provenance says so. Measured in
+order on rebuilt memory (`mine replay --in-order`, flow context `in-order`), `unused` is the real
+data's answer; kern has no such direction, so the word is `in` where the program already holds
+its bytes (written before, or a weight, input or state) and `out` otherwise (kern refuses a read
+of a buffer nothing wrote). A state measured `out` over part of its span is `inout` (the rest of
+the state carries over; `vocab.analysis.kern_directions`).
 
 Extents: a GEMM's operands and output by m, n, k; any other word reaches to the next used address
 in its allocation (or the allocation's end): an upper bound, which is what a buffer needs.
@@ -35,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from compiler.programs import Program
-from vocab.analysis import AnalysisDoc
+from vocab.analysis import AnalysisDoc, kern_directions
 from vocab.wire import DIRECTIONS
 
 
@@ -51,6 +56,7 @@ class Use:
     evidence: str = ""
     extent: int | None = None
     operand: str = ""        # x | w | c for a GEMM's words
+    flow: object = None      # the analysis' FlowWord measured for this word, if any
 
 
 @dataclass
@@ -102,8 +108,12 @@ def uses(prog: Program, doc: AnalysisDoc) -> list[Use]:
         for w in x.words:
             u = Use(k, w.i, w.at, w.value, w.base, w.alloc_size)
             f = flow.get((x.site, w.i, w.at))
+            u.flow = f
+            in_order = f is not None and f.context == "in-order"
             if f is not None and f.direction in DIRECTIONS:
-                u.direction, u.evidence = f.direction, "measured"
+                u.direction, u.evidence = f.direction, "measured in order" if in_order else "measured"
+            elif in_order and f.direction == "unused":
+                u.evidence = "measured unused in order (kern has no unused: the dataflow rule picks in or out)"
             elif f is not None:
                 u.evidence = f"measured {f.direction}, not trusted"
             out.append(u)
@@ -190,10 +200,20 @@ def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], d
             if d is None:
                 d = Decision("workspace", "written in the forward before it is read" if not covered else
                              "inside a range an earlier call wrote")
-            if not u.direction:
+            f = u.flow
+            if not u.direction and f is not None and f.context == "in-order" and f.direction == "unused":
+                # neither read nor written, measured on the real data: `in` where the program
+                # holds the bytes already (kern refuses a read of a buffer nothing wrote), else `out`
+                u.direction = "in" if covered or d.kind in ("weight", "input", "state") else "out"
+                u.evidence += f"; {u.direction} ({'written before' if covered else d.kind})"
+            elif not u.direction:
                 u.direction = {"weight": "in", "input": "in", "state": "inout"}.get(
                     d.kind, "inout" if covered else "out")
                 u.evidence = (u.evidence + "; " if u.evidence else "") + f"from the class ({d.kind})"
+            elif (d.kind == "state" and u.direction == "out" and f is not None
+                  and "inout" in (kern_directions(f.direction, f.written_bytes, f.span_bytes, True) or ())):
+                u.direction = "inout"
+                u.evidence += "; a partial write of a persistent state (the rest carries over): inout"
             if u.direction in ("out", "inout"):
                 wrote.append((u.value, u.value + ext))
             lay.uses[(u.step, u.i, u.at)] = u
@@ -221,6 +241,9 @@ def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], d
                 break
             if u.direction in ("in", "inout"):
                 read_later.add(u.value)
+        # an allocation whose only words are the output's is no workspace (kern refuses an unused buffer)
+        ws = {b: g for b, g in ws.items()
+              if not (outs and all(u.value == outs[0].value and u.step >= outs[0].step for u in g))}
         for k, (base, group) in enumerate(sorted(ws.items())):
             lo = min(u.value for u in group)
             hi = max(u.value + (u.extent if u.extent is not None else spans[u.value]) for u in group)
