@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vocab.analysis import kern_directions  # noqa: F401 -- the measured-to-kern rule lives in the vocabulary
+
 
 @dataclass
 class Span:
@@ -107,21 +109,3 @@ def direction(wrote: bool, read: bool | None) -> str:
     if wrote:
         return "inout" if read else "out"
     return "in" if read else "unused"
-
-
-def kern_directions(direction: str, written_bytes: int, span_bytes: int, persistent: bool) -> frozenset[str] | None:
-    """The kern manifest directions (in | out | inout) that declare exactly what was measured,
-    within kern's vocabulary; None where reads were not judged. Two rules bridge the vocabularies:
-    kern has no `unused`, so a pointer the launch neither reads nor writes may be declared `in` or
-    `out` (each claims one access that does not happen; which one a manifest needs is kern's
-    dataflow rule, a read of a buffer nothing wrote being refused), never `inout` (claims both); a
-    launch that writes only part of a persistent state (a KV cache at the step's slots) leaves the
-    rest as it was, so the state after it depends on the state before it: `inout`, whatever the
-    launch read."""
-    if direction.endswith("?"):
-        return None
-    if direction == "unused":
-        return frozenset({"in", "out"})
-    if direction == "out" and persistent and written_bytes < span_bytes:
-        return frozenset({"inout"})
-    return frozenset({direction})

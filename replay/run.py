@@ -310,3 +310,23 @@ def replay_seqs(dump, seqs: list[int], reps: int = 20, judge_reads: bool = True,
     for r in run_isolated(plans, reps, judge_reads, device, progress=progress):
         results[r.seq] = r
     return [results[s] for s in seqs if s in results]
+
+
+def read_results(path) -> list[LaunchResult]:
+    """LaunchResults as `mine replay --json` (or the GPU tests' MINE_GPU_OUT files) wrote them; a
+    `.xz` file is read through lzma. A file of another shape is a UsageError, one sentence."""
+    import json
+    import lzma
+    from pathlib import Path
+
+    from vocab.errors import UsageError
+
+    p = Path(path)
+    try:
+        raw = lzma.open(p).read() if p.suffix == ".xz" else p.read_bytes()
+        rows = json.loads(raw)
+        names = {f.name for f in __import__("dataclasses").fields(WordFlow)}
+        return [LaunchResult(**{**r, "words": [WordFlow(**{k: v for k, v in w.items() if k in names}) for w in r["words"]]})
+                for r in rows]
+    except (OSError, lzma.LZMAError, ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"{p}: not a file of replay results ({exc})") from None

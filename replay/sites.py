@@ -44,7 +44,9 @@ def flow_words(results, doc: AnalysisDoc, symbols: dict[int, str]) -> tuple[list
         if site in seen:
             continue
         seen.add(site)
-        out += [FlowWord(site, w.i, w.at, w.direction, w.written_bytes, w.read_by, w.shared, r.seq) for w in r.words]
+        ctx = "in-order" if r.fill == "forward" else "alone"
+        out += [FlowWord(site, w.i, w.at, w.direction, w.written_bytes, w.read_by, w.shared, r.seq, w.span_bytes, ctx)
+                for w in r.words]
     return out, outside
 
 

@@ -236,6 +236,26 @@ class FlowWord:
     read_by: str           # output | fault | "" (how the read showed)
     shared: bool           # other words point into its region at other offsets
     seq: int               # the launch record that was replayed for this site
+    span_bytes: int        # bytes of the word's span (its private region from its offset, in order)
+    context: str           # alone (synthetic fills) | in-order (memory rebuilt, replay/forward.py)
+
+
+def kern_directions(direction: str, written_bytes: int, span_bytes: int, persistent: bool) -> frozenset[str] | None:
+    """The kern manifest directions (in | out | inout) that declare exactly what was measured,
+    within kern's vocabulary; None where reads were not judged. Two rules bridge the vocabularies:
+    kern has no `unused`, so a pointer the launch neither reads nor writes may be declared `in` or
+    `out` (each claims one access that does not happen; which one a manifest needs is kern's
+    dataflow rule, a read of a buffer nothing wrote being refused), never `inout` (claims both); a
+    launch that writes only part of a persistent state (a KV cache at the step's slots) leaves the
+    rest as it was, so the state after it depends on the state before it: `inout`, whatever the
+    launch read."""
+    if direction.endswith("?"):
+        return None
+    if direction == "unused":
+        return frozenset({"in", "out"})
+    if direction == "out" and persistent and written_bytes < span_bytes:
+        return frozenset({"inout"})
+    return frozenset({direction})
 
 
 @dataclass
