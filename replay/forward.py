@@ -169,13 +169,7 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
             m, read, how = priv[k]
         else:
             m = wrote[span.region][span.lo:span.hi]
-            g = got.get((span.region, span.lo, span.hi))
-            if g is None:
-                read, how = None, ""
-            elif isinstance(g, str):
-                read, how = True, "fault"
-            else:
-                read, how = FL.read_changed(after, g, wrote, span), "output"
+            read, how = FL.judged(after, got.get((span.region, span.lo, span.hi)), wrote, span)
         res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
                                   FL.direction(bool(m.any()), read), sh, bool(wrote[w.region].any()), len(m)))
     return res, after
@@ -196,9 +190,7 @@ def _private_flow(gpu, plan, k, init, seed, faulted, judge) -> tuple[np.ndarray,
         g = _poison_loop(s, fill, after, span, ("private", plan.seq, k), seed, faulted, runs)
         wrote = FL.written(runs)
         m = wrote[w.region][w.offset:]
-        if isinstance(g, str):
-            return m, True, "fault"
-        return m, FL.read_changed(after, g, wrote, span), "output"
+        return (m, *FL.judged(after, g, wrote, span))
     finally:
         gpu.free_all()
 

@@ -156,13 +156,7 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
         wrote = FL.written(runs)
         res.bytes_written = int(sum(int(w.sum()) for w in wrote))
         for w, span in zip(plan.words, s.spans):
-            got = poisoned[(span.region, span.lo, span.hi)]
-            if got is None:
-                read, how = None, ""
-            elif isinstance(got, str):
-                read, how = True, "fault"
-            else:
-                read, how = FL.read_changed(after1, got, wrote, span), "output"
+            read, how = FL.judged(after1, poisoned[(span.region, span.lo, span.hi)], wrote, span)
             m = wrote[span.region][span.lo:span.hi]
             shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
             res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
