@@ -6,10 +6,11 @@ by `to_json` (schema in docs/analysis-json.md, ANALYSIS_SCHEMA_VERSION below).
 
 Fitted per call site: the three grid axes, the three block axes, dynamic smem, and every integer
 parameter (<= 8 bytes, never a pointer in any forward; 4- and 8-byte values read as signed), as
-functions of the variables the data offers -- `tokens` (the chosen reference), then `ctx` (tokens
-accumulated inside a request window) where it differs from tokens. A fit is then checked on one
-held-out forward group (all forwards at the median distinct tokens value): refit without it and
-predict it. Nothing about a model is input.
+functions of the variables the data offers (mining/fwdvars.py) -- `tokens` (the chosen
+reference), `seqs` (a batched step's sequences, where the capture shows a per-sequence count),
+then `ctx` (tokens accumulated inside a request window of one sequence) where it differs from
+tokens. A fit is then checked on one held-out forward group (all forwards at the median distinct
+tokens value): refit without it and predict it. Nothing about a model is input.
 Not done here: rendering (report.py), plots and traces (plots.py).
 """
 
@@ -24,6 +25,7 @@ import dataclasses
 
 from vocab import analysis as C
 from mining import fit as F
+from mining import fwdvars as FV
 from vocab.analysis import ANALYSIS_SCHEMA_VERSION  # noqa: F401  (re-exported)
 from mining import pointers as P
 from mining import sites as S
@@ -52,6 +54,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     views: pd.DataFrame = field(default_factory=pd.DataFrame)
     structs: pd.DataFrame = field(default_factory=pd.DataFrame)   # struct parameters' words (structs.py)
+    fvars: FV.ForwardVars | None = None                           # every forward's variables (fwdvars.py)
 
     @property
     def forwards(self) -> pd.DataFrame:
@@ -62,23 +65,7 @@ class Analysis:
         return f
 
 
-def _signed(values: np.ndarray, size: int) -> np.ndarray:
-    v = values.astype(np.uint64)
-    if size == 4:
-        return v.astype(np.uint32).view(np.int32).astype(np.int64)
-    if size == 8:
-        return v.view(np.int64)
-    return v.astype(np.int64)
-
-
-def _variables(forwards: pd.DataFrame, tokens: pd.Series) -> tuple[dict[str, pd.Series], list[str]]:
-    f = forwards.set_index("forward")
-    tok = tokens.reindex(f.index)
-    ctx = tok.groupby(f["window"]).cumsum()
-    env = {"tokens": tokens}
-    if (ctx.dropna() != tok.dropna()).any():
-        env["ctx"] = ctx.dropna().astype("int64")
-    return env, list(env)
+_signed = FV.signed
 
 
 class _Fitter:
@@ -97,7 +84,10 @@ class _Fitter:
                     "note": "no forward with a tokens value", "holdout": "n/a", "values": []}
         fw, v = fwds[have], values[have]
         env = {k: np.array([d.get(f, -1) for f in fw], np.int64) for k, d in self.env.items()}
-        env = {k: a for k, a in env.items() if k == "tokens" or (a >= 0).all()}
+        # a variable unknown at one of the site's forwards is not offered to it, nor `seqs` where
+        # it is the same in all of them (a form in it would be a constant)
+        env = {k: a for k, a in env.items() if k == "tokens" or ((a >= 0).all() and
+                                                                 (k != "seqs" or len(np.unique(a)) > 1))}
         key = (tuple(sorted(env)), *(a.tobytes() for a in env.values()), v.tobytes())
         if key not in self.memo:
             self.memo[key] = self._fit(env, v)
@@ -213,7 +203,9 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     if ref.symbol is None:
         notes.append("no kernel runs once per forward with a varying grid: no tokens reference, "
                      "nothing can be fitted")
-    env, variables = _variables(passes.forwards, ref.tokens)
+    fvars = FV.forward_vars(dump.launches, dump.params, sites, passes.forwards, ref.tokens)
+    notes += fvars.notes
+    env, variables = dict(fvars.values), fvars.names
     distinct = sorted(set(ref.tokens.tolist()))
     holdout = distinct[len(distinct) // 2] if len(distinct) >= 3 else None
     words = P.pointer_words(dump.params, sites.table)
@@ -224,7 +216,7 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     structs = ST.classify(ST.struct_words(dump.params), dump.params, dump.launches, sites.table, sites.index,
                           ptrs, fitter)
     return Analysis(dump, passes, sites, ref, layers, ptrs, strides, P.logical_buffers(ptrs), fits,
-                    _no_layout(dump), holdout, variables, notes, views, structs)
+                    _no_layout(dump), holdout, variables, notes, views, structs, fvars)
 
 
 def _plain(v):
@@ -295,6 +287,23 @@ def _shape(d: dict) -> C.Shape:
                                                for k in kinds], int(d["launches"]))
 
 
+def _forward_vars(a: Analysis) -> C.ForwardVars | None:
+    """The `forward_vars` section: absent when tokens is the only variable."""
+    fv = a.fvars
+    if fv is None or len(fv.names) < 2:
+        return None
+    val = {k: v.to_dict() for k, v in fv.values.items()}
+    def one(k: str, f: int) -> int | None:
+        x = val.get(k, {}).get(f)
+        return None if x is None or pd.isna(x) else int(x)
+
+    rows = [C.StepVars(int(f), *(one(k, int(f)) for k in ("tokens", "seqs", "ctx")))
+            for f in a.passes.forwards["forward"].tolist()]
+    srcs = [C.VarSource(s.var, s.rule, [C.FieldRef(site, fld) for site, fld in s.fields], s.kernels, s.note)
+            for s in fv.sources]
+    return C.ForwardVars(list(fv.names), srcs, rows)
+
+
 def document(a: Analysis) -> C.AnalysisDoc:
     """The analysis as the typed contract (vocab/analysis.py; docs/analysis-json.md)."""
     P = a.passes
@@ -356,6 +365,7 @@ def document(a: Analysis) -> C.AnalysisDoc:
                              [C.SkippedRange(x.start, x.end, x.reason, x.records) for x in r.ranges],
                              r.ranges_left_out) for r in a.dump.damage],
         structs=ST.document(a.structs),
+        forward_vars=_forward_vars(a),
     )
 
 

@@ -1,25 +1,32 @@
 """Fit integer samples to a closed expression set, and say honestly when the data cannot decide.
 
 Why: a launch's grid axes and integer parameters are functions of a few run-time variables
-(tokens first; context length or sequence count where they vary). Generators need those functions,
-not the sampled values. The closed set is
+(tokens first; the sequences of a batched step, the context length, where they vary). Generators
+need those functions, not the sampled values. The closed set is
 
     const c | var | mul(e, c) | ceil_div(e, c) | add(e, e)
 
-(the manifest's own, `vocab.expr`: its text form, its evaluator; fits are tuples over it) and this module searches the shapes a kernel launcher actually produces: c, x, x*c, ceil(x/c),
-ceil(x/c)*m, ceil(x*m/c), x + c, x*a + b, and x1 + x2 for two variables.
+(the manifest's own, `vocab.expr`: its text form, its evaluator; fits are tuples over it) and this
+module searches the shapes a kernel launcher actually produces: in one variable c, x, x*c,
+ceil(x/c), ceil(x/c)*m, ceil(x*m/c), x + c, x*a + b; in the two peer variables (`PEERS`: tokens and
+seqs) a*F(x) + b*G(y) + k with F, G each x, ceil(x/c) or ceil((x+1)/c) (a floor division plus
+one: vLLM's attention grid is floor(tokens/16) + seqs) and a*ceil((x+y)/c) + k; and x1 + x2 for
+tokens and another variable (ctx), tried only when no peer form fits.
 
 Verdicts (`Fit.status`):
 - "fit": every candidate that matches the samples computes the same function on the probe domain
-  (all integers from 1 to the largest sample, and the samples themselves);
+  (all integers from 1 to 4x the largest sample, and the samples themselves; with two peers also
+  their diagonal and a dense block of pairs, `_probe2`);
 - "underdetermined": two candidates match the samples but disagree somewhere on that domain (both
-  are listed) -- this is how one sample point, or 1-and-2 only, is caught; no count rule needed;
+  are listed) -- this is how one sample point, or 1-and-2 only, is caught, and how tokens and
+  seqs are when they are equal in every sample (decode steps); no count rule needed;
 - "piecewise": no single form fits, but the decode samples (x == 1) and the prefill samples (x > 1)
   each do (the decode side is only allowed a constant: at x == 1 nothing else is observable);
 - "no_fit": outside the closed set.
 A divisor c of ceil_div is only known to an interval; the canonical c is the one power of two
-inside it (the interval is reported). Not attempted: products of two variables, floor division,
-negative values.
+inside it (the interval is reported). Not attempted: products of two variables, negative values,
+forms of three variables, piecewise forms over seqs (vLLM's split-KV attention switches its grid
+by the batch), a two-variable form with more than two terms.
 """
 
 from __future__ import annotations
@@ -182,9 +189,124 @@ def _probe(samples: dict[str, np.ndarray], names: list[str]) -> dict[str, np.nda
     return env
 
 
+def _probe2(samples: dict[str, np.ndarray], pair: list[str], names: list[str]) -> dict[str, np.ndarray]:
+    """The probe of two peer variables x, y: x over 1..top with y = 1 (`_probe`'s line), the
+    diagonal x = y, and every pair of a dense block (x up to 1024, y up to 64), then the samples.
+    Where every sample has y <= x (sequences never outnumber the tokens they feed), so do the
+    probe points. Other variables are 1 there, as in `_probe`."""
+    xs, ys = samples[pair[0]].astype(np.int64), samples[pair[1]].astype(np.int64)
+    top = int(min(max(4 * int(xs.max()), 256), 1 << 17))
+    ytop = int(min(max(4 * int(ys.max()), 64), top))
+    line = np.arange(1, top + 1, dtype=np.int64)
+    diag = np.arange(1, ytop + 1, dtype=np.int64)
+    bx, by = np.meshgrid(np.arange(1, min(top, 1024) + 1), np.arange(1, min(ytop, 64) + 1), indexing="ij")
+    x = np.concatenate([line, diag, bx.ravel()])
+    y = np.concatenate([np.ones_like(line), diag, by.ravel()])
+    if (ys <= xs).all():
+        keep = y <= x
+        x, y = x[keep], y[keep]
+    env = {}
+    for n in names:
+        grid = x if n == pair[0] else y if n == pair[1] else np.ones_like(x)
+        env[n] = np.concatenate([grid, samples[n].astype(np.int64)])
+    return env
+
+
+def _features(name: str, x: np.ndarray) -> list[tuple[Expr, np.ndarray]]:
+    """The one-variable terms two-variable forms are built of: x, ceil(x / c) and
+    ceil((x + 1) / c) (floor(x / c) + 1: a floor division is this term less one), c a power of two.
+    Terms constant over the samples are dropped (they are the constant's), and of terms equal over
+    the samples the first is kept (the smaller divisor: `_pick`'s rule)."""
+    var = ("var", name)
+    out = [(var, x)]
+    out += [(("ceil_div", var, c), -(-x // c)) for c in POW2]
+    out += [(("ceil_div", ("add", var, ("const", 1)), c), x // c + 1) for c in POW2]
+    seen, kept = set(), []
+    for e, f in out:
+        key = f.tobytes()
+        if (f == f[0]).all() or key in seen:
+            continue
+        seen.add(key)
+        kept.append((e, f))
+    return kept
+
+
+def _term(e: Expr, a: int) -> Expr:
+    return e if a == 1 else ("mul", e, int(a))
+
+
+def _offset(e: Expr, k: int) -> Expr:
+    return e if k == 0 else ("add", e, ("const", int(k)))
+
+
+BIG = 1 << 40          # coefficients past this are numerical noise, not a launcher's constants
+
+
+def _two_var(nx: str, x: np.ndarray, ny: str, y: np.ndarray, v: np.ndarray) -> list[tuple[Expr, str]]:
+    """Every form a*F(x) + b*G(y) + k (F, G from `_features`, a, b >= 1, k any integer) and
+    a*ceil((x + y) / c) + k that reproduces v exactly. The coefficients of each pair of terms are
+    the least-squares solution over the samples, rounded and then checked exactly; a pair whose
+    terms are collinear over the samples (x equals y there, say) has no unique solution and is
+    skipped: the one-variable forms speak for it."""
+    fx, gy = _features(nx, x), _features(ny, y)
+    out: list[tuple[Expr, str]] = []
+    if fx and gy:
+        A = np.stack([f for _, f in fx], 1).astype(np.float64)
+        B = np.stack([g for _, g in gy], 1).astype(np.float64)
+        vf = v.astype(np.float64)
+        p, q, n = A.shape[1], B.shape[1], len(v)
+        M = np.empty((p, q, 3, 3))
+        M[..., 0, 0] = (A * A).sum(0)[:, None]
+        M[..., 1, 1] = (B * B).sum(0)[None, :]
+        M[..., 0, 1] = M[..., 1, 0] = A.T @ B
+        M[..., 0, 2] = M[..., 2, 0] = A.sum(0)[:, None]
+        M[..., 1, 2] = M[..., 2, 1] = B.sum(0)[None, :]
+        M[..., 2, 2] = n
+        r = np.empty((p, q, 3))
+        r[..., 0] = (A.T @ vf)[:, None]
+        r[..., 1] = (B.T @ vf)[None, :]
+        r[..., 2] = vf.sum()
+        # A small determinant relative to the diagonal means nearly collinear terms.
+        diag = M[..., 0, 0] * M[..., 1, 1] * M[..., 2, 2]
+        with np.errstate(all="ignore"):
+            det = np.linalg.det(M)
+            ok = np.abs(det) > 1e-9 * diag
+        if ok.any():
+            ii, jj = np.nonzero(ok)
+            sol = np.linalg.solve(M[ok], r[ok][..., None])[..., 0]
+            with np.errstate(all="ignore"):
+                w = np.rint(sol)
+            good = np.isfinite(w).all(1) & (np.abs(w) < BIG).all(1) & (w[:, 0] >= 1) & (w[:, 1] >= 1)
+            ii, jj, w = ii[good], jj[good], w[good].astype(np.int64)
+            Ai, Bj = A.astype(np.int64), B.astype(np.int64)
+            pred = w[:, :1] * Ai[:, ii].T + w[:, 1:2] * Bj[:, jj].T + w[:, 2:]
+            for m in np.flatnonzero((pred == v[None, :]).all(1)):
+                a, b, k = (int(t) for t in w[m])
+                e = ("add", _term(fx[ii[m]][0], a), _term(gy[jj[m]][0], b))
+                out.append((_offset(e, k), ""))
+    s = x + y
+    for c in POW2:
+        h = -(-s // c)
+        if (h == h[0]).all():
+            break
+        i, j = int(np.argmin(h)), int(np.argmax(h))
+        a, rem = divmod(int(v[j] - v[i]), int(h[j] - h[i]))
+        k = int(v[i]) - a * int(h[i])
+        if rem == 0 and a >= 1 and (a * h + k == v).all():
+            out.append((_offset(_term(("ceil_div", ("add", ("var", nx), ("var", ny)), c), a), k), ""))
+    return out
+
+
+PEERS = ("tokens", "seqs")   # step sizes: a value may follow either, so both are tried alike
+
+
 def fit(samples: dict[str, np.ndarray] | np.ndarray, values: np.ndarray,
         var: str = "tokens", piecewise: bool = True) -> Fit:
-    """Fit `values` as a function of the sample variables (dict name -> array; first is primary)."""
+    """Fit `values` as a function of the sample variables (dict name -> array; first is primary).
+
+    The peers (`tokens` and `seqs`, those present; else the first variable) are tried alike, in
+    one variable and, with two of them, in both; another variable (`ctx`) only when no peer form
+    fits, as one variable, or as its sum with the first."""
     if not isinstance(samples, dict):
         samples = {var: np.asarray(samples)}
     names = list(samples)
@@ -192,14 +314,22 @@ def fit(samples: dict[str, np.ndarray] | np.ndarray, values: np.ndarray,
     v = np.asarray(values, np.int64)
     if len(v) == 0:
         return Fit("no_fit", note="no samples")
-    points = len(np.unique(env[names[0]]))
+    peers = [n for n in names if n in PEERS] or names[:1]
+    rest = [n for n in names if n not in peers]
+    points = len(np.unique(np.stack([env[n] for n in peers]), axis=1)[0]) if len(peers) > 1 \
+        else len(np.unique(env[peers[0]]))
     cands: list[tuple[Expr, str]] = []
-    for n in names:
+    for n in peers:
         cands += _single_var(n, env[n], v)
-        if cands:
-            break  # the primary variable explains it; others only when it does not
+    if len(peers) >= 2 and not (v == v[0]).all():
+        cands += _two_var(peers[0], env[peers[0]], peers[1], env[peers[1]], v)
+    if not cands:
+        for n in rest:
+            cands += _single_var(n, env[n], v)
+            if cands:
+                break  # the primary variable explains it; others only when it does not
     if not cands and len(names) >= 2:
-        for n2 in names[1:]:
+        for n2 in rest:
             if (v == env[names[0]] + env[n2]).all():
                 cands.append((("add", ("var", names[0]), ("var", n2)), ""))
     if not cands:
@@ -208,7 +338,7 @@ def fit(samples: dict[str, np.ndarray] | np.ndarray, values: np.ndarray,
             if pw is not None:
                 return pw
         return Fit("no_fit", points=points, note=f"values {sorted(set(v.tolist()))[:6]}")
-    probe = _probe(env, names)
+    probe = _probe2(env, peers[:2], names) if len(peers) >= 2 else _probe(env, names)
     groups: dict[bytes, tuple[Expr, str]] = {}
     for e, note in cands:
         key = evaluate(e, probe).tobytes()

@@ -277,6 +277,36 @@ class Fit:
 
 
 @dataclass
+class FieldRef:
+    site: str
+    field: str             # grid_x|y|z or param<i>, as `fits[]` names it
+
+
+@dataclass
+class VarSource:
+    var: str               # seqs | ctx
+    rule: str              # how the capture shows it (docs/analysis-json.md `forward_vars`)
+    fields: list[FieldRef]  # the call-site fields that hold it (none for ctx)
+    kernels: int           # distinct kernels among those fields
+    note: str
+
+
+@dataclass
+class StepVars:
+    forward: int
+    tokens: int | None
+    seqs: int | None       # sequences of the step; null where not measured
+    ctx: int | None        # one sequence's context; null where not measured
+
+
+@dataclass
+class ForwardVars:
+    names: list[str]       # the variables the fits use, `tokens` first
+    sources: list[VarSource]
+    forwards: list[StepVars]
+
+
+@dataclass
 class SkippedRange:
     start: int             # byte offsets in the file as read, end exclusive
     end: int
@@ -322,6 +352,9 @@ class AnalysisDoc:
     ranks: Ranks | None = field(default=None, metadata={"absent_when_none": True})
     # by-value struct parameters word by word (mining/structs.py); absent when the dump has none
     structs: Structs | None = field(default=None, metadata={"absent_when_none": True})
+    # every forward's variables beyond tokens and how the capture shows them (mining/fwdvars.py);
+    # absent when tokens is the only one
+    forward_vars: ForwardVars | None = field(default=None, metadata={"absent_when_none": True})
 
     def to_json(self) -> dict:
         return _dump(self)
