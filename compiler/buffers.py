@@ -12,7 +12,8 @@ provenance, `Decision.because`):
    arrives there before the forward; or the address's first use in the program is a measured read
    (replay flow) that nothing earlier in the program wrote. Written later by a call: kind `inout`.
 3. **weight** -- the address is the same in every forward (analysis pointer records), no evidence
-   shows a write to it (measured `out`/`inout`, a GEMM's output), and the analysis calls it a
+   shows a write to it (measured `out`/`inout`, a GEMM's output), no GEMM reads it as its
+   activation operand x, and the analysis calls it a
    `weight` (different per layer) or a measured read / GEMM operand only touches it.
 4. **workspace** -- everything else: the forward's activations. One buffer per allocation, laid
    out exactly as the engine laid it out (its offsets are the engine's liveness-based reuse), from
@@ -149,6 +150,9 @@ def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
                 staged[(p.name, w.value)] = min(staged.get((p.name, w.value), 1 << 62), x.pos)
     written = {u.value for us in all_uses.values() for u in us if u.direction in ("out", "inout")}
     gemm_words = {u.value for us in all_uses.values() for u in us if u.operand}
+    # a GEMM's x is its activation operand (m rows: compiler.externs): never a weight, whatever
+    # role the analysis gave an address an earlier call of the layer passed it at
+    not_weight = written | {u.value for us in all_uses.values() for u in us if u.operand == "x"}
     dec: dict[int, Decision] = {}
     for p in progs:
         sites = {k: st.launch.site for k, st in enumerate(p.rep.steps)}
@@ -170,7 +174,7 @@ def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
             if staged.get((p.name, u.value), 1 << 62) <= first[u.value].step:
                 dec.setdefault(u.value, Decision("input", "a host-staging launch of the forward touches it"))
                 continue
-            if fixed and u.value not in written and (role == "weight" or u.direction == "in"):
+            if fixed and u.value not in not_weight and (role == "weight" or u.direction == "in"):
                 why = ("analysis role weight, one address in every forward, no write seen" if role == "weight"
                        else f"one address in every forward, only read ({u.evidence})")
                 dec[u.value] = Decision("weight", why)
