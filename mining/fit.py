@@ -215,8 +215,9 @@ def _probe2(samples: dict[str, np.ndarray], pair: list[str], names: list[str]) -
 def _features(name: str, x: np.ndarray) -> list[tuple[Expr, np.ndarray]]:
     """The one-variable terms two-variable forms are built of: x, ceil(x / c) and
     ceil((x + 1) / c) (floor(x / c) + 1: a floor division is this term less one), c a power of two.
-    Terms constant over the samples are dropped (they are the constant's), and of terms equal over
-    the samples the first is kept (the smaller divisor: `_pick`'s rule)."""
+    A term of fewer than three distinct values over the samples is dropped: its coefficient would
+    rest on one contrast and absorb any one-off value (a constant is the constant's anyway). Of
+    terms equal over the samples the first is kept (the smaller divisor: `_pick`'s rule)."""
     var = ("var", name)
     out = [(var, x)]
     out += [(("ceil_div", var, c), -(-x // c)) for c in POW2]
@@ -224,7 +225,7 @@ def _features(name: str, x: np.ndarray) -> list[tuple[Expr, np.ndarray]]:
     seen, kept = set(), []
     for e, f in out:
         key = f.tobytes()
-        if (f == f[0]).all() or key in seen:
+        if len(np.unique(f)) < MIN_LEVELS or key in seen:
             continue
         seen.add(key)
         kept.append((e, f))
@@ -239,12 +240,13 @@ def _offset(e: Expr, k: int) -> Expr:
     return e if k == 0 else ("add", e, ("const", int(k)))
 
 
+MIN_LEVELS = 3         # distinct values a term of a two-variable form needs over the samples
 BIG = 1 << 40          # coefficients past this are numerical noise, not a launcher's constants
 
 
 def _two_var(nx: str, x: np.ndarray, ny: str, y: np.ndarray, v: np.ndarray) -> list[tuple[Expr, str]]:
     """Every form a*F(x) + b*G(y) + k (F, G from `_features`, a, b >= 1, k any integer) and
-    a*ceil((x + y) / c) + k that reproduces v exactly. The coefficients of each pair of terms are
+    a*ceil((x + y) / c) + k (the ceiling of MIN_LEVELS values or more) that reproduces v exactly. The coefficients of each pair of terms are
     the least-squares solution over the samples, rounded and then checked exactly; a pair whose
     terms are collinear over the samples (x equals y there, say) has no unique solution and is
     skipped: the one-variable forms speak for it."""
@@ -287,7 +289,7 @@ def _two_var(nx: str, x: np.ndarray, ny: str, y: np.ndarray, v: np.ndarray) -> l
     s = x + y
     for c in POW2:
         h = -(-s // c)
-        if (h == h[0]).all():
+        if len(np.unique(h)) < MIN_LEVELS:
             break
         i, j = int(np.argmin(h)), int(np.argmax(h))
         a, rem = divmod(int(v[j] - v[i]), int(h[j] - h[i]))
