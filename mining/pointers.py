@@ -11,7 +11,8 @@ the address behaves across forwards and layers:
   that is sometimes NULL, or an integer that happened to land in a range);
 - workspace: a pointer in every forward, at an address that moves;
 - kv_pool: stable, different per layer, the same address used by two different kernels of a
-  layer (written by one, read by another), and a large region per layer (its own allocation, or
+  layer in one forward (written by one, read by another; two builds of one GEMM that read a weight
+  in different forwards are one user), and a large region per layer (its own allocation, or
   layers at least KV_REGION apart in one): small per-layer tensors two kernels share (KV scales)
   are weights;
 - weight: stable and different per layer otherwise;
@@ -76,7 +77,7 @@ def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     per = out[inlayer].groupby(key)["value"].nunique().rename("layer_addrs")
     out = out.join(per, on=key)
     per_layer = inlayer & (out["layer_addrs"] > 1)
-    users = out[inlayer].groupby(["layer", "value"])["symbol"].nunique().rename("users")
+    users = _users(ptr_rows, out[inlayer])
     out = out.join(users, on=["layer", "value"])
     if per_layer.any():
         region = out[per_layer].groupby(key).apply(_layer_region)
@@ -95,6 +96,18 @@ def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     out.loc[is_input, "role"] = "input"
     out = out.drop(columns=["layer_addrs", "users", "first_seq", "region"])
     return out, _strides(out)
+
+
+def _users(ptr_rows: pd.DataFrame, words: pd.DataFrame) -> pd.Series:
+    """Per (layer, address) of the stable in-layer `words`: the most different kernels that use the
+    address in one forward. A KV pool is written by one kernel and read by another in the same
+    forward; two builds of one GEMM reading one weight in different forwards (a library picks one
+    per token count, a CUDA graph captured per batch size runs its own) are one user."""
+    key = words[["site", "i", "at", "layer"]].astype({"site": str})
+    rows = ptr_rows[["site", "i", "at", "forward", "value", "symbol"]].astype({"site": str})
+    rows = rows.merge(key, on=["site", "i", "at"], how="inner")
+    per = rows.groupby(["forward", "layer", "value"])["symbol"].nunique()
+    return per.groupby(level=["layer", "value"]).max().rename("users")
 
 
 def _layer_region(grp: pd.DataFrame) -> float:
