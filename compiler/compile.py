@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from compiler import buffers, emit, input_fills, inputs, programs
+from compiler import buffers, emit, graph_programs, input_fills, inputs, programs
 from compiler.errors import CompileError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
@@ -126,7 +126,10 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
                      + ("" if requests is not None else " (no --requests: only structure names them)")
                      + ("; the others are unnamed (provenance.json `inputs` says why)" if len(named) < len(assigned)
                         else ""))
+    graph_entries, graph_notes = graph_programs.graphs(doc, progs)
+    notes += graph_notes
     prov = provenance(progs, layouts, decls, doc, notes + em.notes)
+    prov["graphs"] = graph_entries  # each CUDA graph exec: the program holding it, or why none (graph_programs)
     prov["splits"] = em.splits      # calls launched by row range (compiler.builds): builds, ranges, open gaps
     prov["inputs"] = {"manifest": {a.name: {"fill": a.fill, "dtype": a.dtype, "because": a.because} for a in assigned},
                       "by_kind": [e.to_json() for e in entries],
