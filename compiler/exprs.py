@@ -15,6 +15,11 @@ field the analysis also finds no function for over every forward of its site, is
 representative forward and listed in the notes -- never silently. A field that varies between
 forwards of one token count and that the analysis fits with the context (`ctx`) is refused.
 
+Sequences: a batched capture's analysis has a `seqs` variable (its `forward_vars`). A field the
+analysis fits with `seqs`, or that has `seqs` among its alternatives, is refused with one sentence
+naming both variables (and the program's own fit over them): the manifest this compiler writes
+declares `rows` (the tokens) only; emitting a var for the sequences is not done here.
+
 Fields: `grid_x|y|z`, the dynamic shared memory, and the integers a launch passes by value: a
 whole scalar parameter (1, 4 or 8 bytes), or a 4-byte lane of a by-value struct (lanes that hold
 pointer words are the buffers', not fitted). A decode program has one token in every sample, so
@@ -54,6 +59,27 @@ class Fitter:
         self.tokens = np.array([s.tokens for s in prog.samples], np.int64)
         self.analysis = {(f.site, f.field): f for f in doc.fits}
         self.notes: list[str] = []
+        fv = doc.forward_vars
+        per = {r.forward: r.seqs for r in fv.forwards} if fv is not None and "seqs" in fv.names else {}
+        seqs = [per.get(s.forward) for s in prog.samples]
+        self.seqs = np.array(seqs, np.int64) if per and None not in seqs else None
+
+    def _sequences(self, where: str, v: np.ndarray, site: str, field: str) -> None:
+        """Refuse a field that follows the step's sequences: the analysis fits it (or one of its
+        alternatives) with `seqs`, a var the manifest this compiler writes does not declare."""
+        a = self.analysis.get((site, field))
+        forms = ([a.expr] if a is not None and a.expr else []) + (list(a.alternatives) if a is not None else [])
+        if not any("seqs" in x for x in forms):
+            return
+        said = a.expr if a.status == "fit" else " or ".join(a.alternatives)
+        mine = ""
+        if self.seqs is not None:
+            f = F.fit({"tokens": self.tokens, "seqs": self.seqs}, v, piecewise=False)
+            mine = f"; over the program's forwards (tokens {sorted(set(self.tokens.tolist()))[:6]}, " \
+                   f"sequences {sorted(set(self.seqs.tolist()))[:6]}) {f.text}"
+        raise CompileError(f"{where}: follows the sequences of the step as well as or instead of its tokens "
+                           f"(the analysis over every forward of the site: {said}{mine}); the manifest "
+                           f"declares the tokens as `rows` and no var for the sequences")
 
     def value(self, step: int, field: str, values: list[int], site: str, lane: bool = False):
         """An int (constant) or a wire expression in `rows`. A value that varies where the tokens do
@@ -63,6 +89,7 @@ class Fitter:
         if (v == v[0]).all():
             return int(v[0])
         where = f"{self.prog.name} call {step} (call site {site}), {field}"
+        self._sequences(where, v, site, field)
         same = [v[self.tokens == t] for t in np.unique(self.tokens)]
         a = self.analysis.get((site, field))
         ctx = a is not None and a.status == "fit" and "ctx" in (a.expr or "")
