@@ -273,6 +273,11 @@ class Emitter:
             else:
                 fields.append({"at": at, "width": 4, "expr": e})
         for at in range(len(p.raw) - len(p.raw) % 4, p.size):
+            # the bytes past the last whole lane (a 2-byte fill value, a struct's short tail)
+            seen = {(s.steps[k].launch.params[p.i].raw or b"").ljust(p.size, b"\0")[at] for s in view.samples}
+            if len(seen) > 1:
+                choose.fit.notes.append(f"{where}, param{p.i}+{at}: a by-value byte that differs between forwards "
+                                        f"({len(seen)} values); forward {view.rep.forward}'s {p.raw[at]} is taken")
             if p.raw[at]:
                 fields.append({"at": at, "u8": p.raw[at]})
         return {"size": p.size, "fields": fields}
