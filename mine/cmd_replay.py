@@ -122,6 +122,8 @@ def _in_order(dump, seqs, forward, warm_from):
     Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.skipped)} could "
                     f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "
                     f"({fr.copies_without_bytes} copies kept without bytes)")
+    for w in fr.warnings:
+        Console().print(f"  warning: {w}")
     for seq, msg, up in fr.faults:
         Console().print(f"  launch {seq} faulted ({msg})" + (f"; it was given buffers of launches left out: "
                                                               f"{', '.join(map(str, up[:5]))}" if up else ""))

@@ -36,7 +36,7 @@ import numpy as np
 
 from replay import flow as FL
 from replay.gpu import CudaError
-from replay.memory import Memory, copy_writes, pointee_writes, timeline
+from replay.memory import Memory, blind_copies, copy_writes, pointee_writes, timeline
 from replay.plan import LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
 from replay.run import POISONS, Faulted, LaunchResult, WordFlow, _Setup
 
@@ -56,6 +56,8 @@ class ForwardReplay:
     faults: list[tuple[int, str, list[int]]] = field(default_factory=list)
     host_writes: int = 0                   # copies and pointees applied
     copies_without_bytes: int = 0
+    blind: list[int] = field(default_factory=list)   # copies without bytes into a target launch's regions
+    warnings: list[str] = field(default_factory=list)
 
 
 def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
@@ -347,6 +349,12 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     writes, unknown = copy_writes(getattr(dump, "copies", None))
     writes = timeline(writes + pointee_writes(host_pointees(dump, set(window))))
     out = ForwardReplay([], (window[0], window[-1]), copies_without_bytes=unknown)
+    copies = getattr(dump, "copies", None)
+    if copies is None:
+        out.warnings.append("the capture has no copy log (copies.jsonl): memory holds only what the window's "
+                            "launches wrote, so kernels that read the host's metadata see zeros")
+    blind = blind_copies(copies)
+    blind_hit: set[int] = set()
     mem = Memory()
     allocs = allocations(dump)
     P = dump.params
@@ -380,6 +388,11 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 if seq in want:
                     out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing", why, fill="forward"))
                 continue
+            if seq in want:
+                for cs, before, dst, size in blind:
+                    if before <= seq and any(_region_addr(r) < dst + size and dst < _region_addr(r) + r.length
+                                             for r in plan.regions):
+                        blind_hit.add(cs)
             init = [mem.read(_region_addr(r), r.length) for r in plan.regions]
             plan, init = find_tables(plan, init, allocs, max_region, mem)
             res, after = runner(plan, init, seq in want)
@@ -396,6 +409,12 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     finally:
         if workers is not None:
             workers.stop()
+    out.blind = sorted(blind_hit)
+    if blind_hit:
+        big = max(size for cs, _, _, size in blind if cs in blind_hit)
+        out.warnings.append(f"{len(blind_hit)} host copies into the target launches' regions were logged without "
+                            f"their bytes (up to {big} bytes, over MINE_CAPTURE_COPY_BYTES): those bytes are stale "
+                            "or zero here; capture with MINE_CAPTURE_COPY_BYTES=65536")
     return out
 
 

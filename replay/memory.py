@@ -101,6 +101,17 @@ def copy_writes(copies) -> tuple[list[HostWrite], int]:
     return out, unknown
 
 
+def blind_copies(copies) -> list[tuple[int, int, int, int]]:
+    """(copy seq, seq_before, dst, size) of the copies that wrote bytes the log does not hold."""
+    if copies is None or len(copies) == 0:
+        return []
+    ok = ((copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool) & (copies["size"].to_numpy() > 0)
+          & ~copies["has_bytes"].to_numpy(bool))
+    return [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(
+        copies["seq"].to_numpy()[ok], copies["seq_before"].to_numpy()[ok],
+        copies["dst"].to_numpy(np.uint64)[ok], copies["size"].to_numpy()[ok])]
+
+
 def pointee_writes(pointees: dict) -> list[HostWrite]:
     """The launch records' host pointees (`mining.pointees.host_pointees` shape: (seq, i, at) ->
     (address, bytes)) as writes just before their own launch, after that launch's copies."""

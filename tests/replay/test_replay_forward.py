@@ -79,6 +79,8 @@ def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
     assert {s for s, _ in fr.skipped} | set(ran) == {s for s in q2b.launches["seq"] if start <= s <= targets[-1]}
     assert all("cubin" in why or "layout" in why for _, why in fr.skipped)
     assert [r.seq for r in fr.results] == targets
+    # q2b's copy log kept vLLM's 4,100-byte query-offset copies without bytes: said, not hidden
+    assert fr.blind and any("without their bytes" in w for w in fr.warnings)
     assert all(m == (p.seq in set(targets)) for p, _, m in log)
     # the bytes of the newest copy before a launch are what the launch is given, except a byte a
     # launch of the window wrote since (the CPU model writes each launch's first region's byte 0)
@@ -173,3 +175,13 @@ def test_loaded_pointers_are_found_and_get_a_region():
     (r, off, tk, toff, cap), = q.indirect
     assert (r, off, tk, cap) == (k, 40, len(p.regions), target)
     assert q.regions[tk].start + toff == 4096 and len(init2) == len(q.regions)
+
+
+def test_a_capture_without_a_copy_log_is_said(offline_dump):
+    """The bundled capture predates the copy log: an in-order replay warns that metadata is zeros."""
+    from mining.analyze import analyze, document
+
+    f = [f for f in document(analyze(offline_dump)).serve_forwards() if f.tokens == 1][0]
+    seqs = forward_seqs(offline_dump, f.forward)[:3]
+    fr = replay_forward(offline_dump, seqs, runner=_echo_runner([]))
+    assert any("no copy log" in w for w in fr.warnings) and fr.blind == []
