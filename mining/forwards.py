@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mining import steps
+from mining import cuts as cutting, steps
 from mining.graphs import Executed, executed as executed_stream, read_graphs
 from mining.passes import GAP_FLOOR_NS, Passes, _repair, gap_threshold, split_windows
 from vocab.errors import UsageError
@@ -173,7 +173,7 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     sym_codes = launches["symbol"].cat.codes.to_numpy().astype(np.int64)[E["row"].to_numpy()]
     phase_end = capture_phase_end(graphs)
     learn_from = 0 if phase_end is None else int(np.searchsorted(t[blocks.stacks[:, 0]], phase_end, side="right"))
-    cuts = steps.cut_forwards(sym_codes, t, blocks.stacks, learn_from)
+    cuts = cutting.cut_forwards(sym_codes, t, blocks.stacks, learn_from)
     forward = cuts.forward
     moved = _repair(codes, forward, np.zeros(n, np.int32))
     if moved:
