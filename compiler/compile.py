@@ -46,12 +46,12 @@ class CompileResult:
         return [head] + [f"note: {n}" for n in self.notes]
 
 
-def check_inputs(dump, analysis=None, config=None, weights=None, requests=None) -> None:
+def check_inputs(dump, analysis=None, config=None, weights=None, requests=None, contents=None) -> None:
     """Refuse inputs that cannot serve, before any work (one sentence each)."""
     from compiler.requests import read_requests
 
     for flag, given in (("DUMP", dump), ("--analysis", analysis), ("--config", config), ("--weights", weights),
-                        ("--requests", requests)):
+                        ("--requests", requests), ("--contents", contents)):
         if given is not None and not Path(given).exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
     if weights is not None:
@@ -64,6 +64,22 @@ def check_inputs(dump, analysis=None, config=None, weights=None, requests=None) 
                              f"*.safetensors files ({exc})", value=weights) from None
     if requests is not None:
         read_requests(requests)
+    if contents is not None:
+        from vocab import contents as C
+        C.read(contents)
+
+
+def _contents(path, dump):
+    """The replay contents file read and tied to this capture (one sentence otherwise)."""
+    if path is None:
+        return None
+    from vocab import contents as C
+
+    c = C.read(path)
+    if c.launches != len(dump.launches):
+        raise CompileError(f"--contents {path}: the replay contents of another capture ({c.launches} launches; "
+                           f"this dump has {len(dump.launches)})")
+    return c
 
 
 def _dtypes(layouts: dict, decls: dict, progs) -> None:
@@ -77,15 +93,19 @@ def _dtypes(layouts: dict, decls: dict, progs) -> None:
         d.dtype = "u8" if n in odd else "bf16"
 
 
-def explain_inputs(dump, doc, requests=None) -> tuple[list, list]:
+def explain_inputs(dump, doc, requests=None, contents=None) -> tuple[list, list]:
     """(per-forward inputs, per-kind entries): what the host gave each forward and what it is named
-    (compiler.inputs, compiler.input_fills); needs no manifest, so it runs where compiling refuses."""
+    (compiler.inputs, compiler.input_fills); needs no manifest, so it runs where compiling refuses.
+    `contents` (vocab.contents.Contents): what an in-order replay found at the forwards' words."""
     fwds = inputs.collect(dump, doc)
+    if contents is not None:
+        inputs.add_replayed(dump, fwds, contents)
     inputs.name(fwds, requests)
     return fwds, input_fills.by_kind(fwds)
 
 
-def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional[list] = None) -> CompileResult:
+def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional[list] = None,
+                    contents=None) -> CompileResult:
     """The manifest and provenance of a loaded dump and its AnalysisDoc (`requests`: the
     compiler.requests.Requests the capture served, for naming inputs by content; `weights`: the
     checkpoint's safetensors files, to bind weight buffers by the snapshot's bytes)."""
@@ -100,7 +120,7 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
     layouts, decls = buffers.layout(progs, doc)
     _dtypes(layouts, decls, progs)
-    fwds, entries = explain_inputs(dump, doc, requests)
+    fwds, entries = explain_inputs(dump, doc, requests, contents)
     assigned = input_fills.assign(decls, progs, fwds)
     model = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, model)
@@ -181,7 +201,7 @@ def _load(dump_path: Path, analysis, pid, cache, cache_dir):
 
 def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
                  cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None,
-                 weights: Optional[Path] = None) -> CompileResult:
+                 weights: Optional[Path] = None, contents: Optional[Path] = None) -> CompileResult:
     """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
     provenance.json and kernels/ there. `requests`: a requests file (compiler.requests); `weights`: a
     checkpoint folder (its *.safetensors), to bind weights by content."""
@@ -191,21 +211,23 @@ def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, 
     reqs = read_requests(requests) if requests is not None else None
     files = checkpoint_files(weights) if weights is not None else None
     dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
-    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs, weights=files)
+    res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs, weights=files,
+                          contents=_contents(contents, dump))
     if out is not None:
         write(res, out, dump)
     return res
 
 
 def explain_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
-                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None) -> list[str]:
+                 cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None,
+                 contents: Optional[Path] = None) -> list[str]:
     """`mine compile --explain-inputs`: the input report's lines; with `out`, inputs.json there."""
     from compiler.requests import read_requests
     from generators.folder import folder as as_folder
 
     reqs = read_requests(requests) if requests is not None else None
     dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
-    fwds, entries = explain_inputs(dump, doc, reqs)
+    fwds, entries = explain_inputs(dump, doc, reqs, _contents(contents, dump))
     head = [f"{dump_path}: {sum(len(f.arrays) for f in fwds)} host arrays over {len(fwds)} forwards "
             f"({'a copy log' if getattr(dump, 'copies', None) is not None else 'no copy log'}; "
             f"{'requests ' + str(requests) if reqs else 'no requests: structure only'})"]

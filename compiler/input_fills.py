@@ -35,6 +35,8 @@ def kind_of(fi: ForwardInputs) -> str:
 def key_of(a: Array) -> str:
     if a.source == "copy":
         return (f"copy to alloc {hex(a.alloc[0])}+{a.alloc[1]}" if a.alloc else f"copy to {hex(a.dst)}")
+    if a.source == "replay":
+        return (f"replayed bytes at alloc {hex(a.alloc[0])}+{a.alloc[1]}" if a.alloc else f"replayed bytes at {hex(a.dst)}")
     return f"host read by {a.where}"
 
 
@@ -100,11 +102,13 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
         start = d.base + d.lo
         names: Counter = Counter()
         seen, no_bytes, unnamed = 0, 0, Counter()
+        weak: dict = {}                # (fill, dtype) -> {forward: the array's first bytes}
         for p in progs:
             for s in p.samples:
                 fi = at.get(s.forward)
                 for a in (fi.arrays if fi else []):
-                    if a.source != "copy" or not (a.dst <= start < a.dst + a.size):
+                    if a.source not in ("copy", "replay") or not (a.dst == start if a.source == "replay"
+                                                                  else a.dst <= start < a.dst + a.size):
                         continue
                     seen += 1
                     m = a.named
@@ -112,17 +116,42 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
                         no_bytes += 1
                     elif m is None or m.sure not in TRUSTED:
                         unnamed[a.note or f"only a {m.sure} {m.fill} match"] += 1
+                        if m is not None and m.sure == "weak" and len(a.matches) == 1:
+                            weak.setdefault((m.fill, m.dtype), {})[s.forward] = a.data[:DTYPE_BYTES[m.dtype]]
                     else:
                         names[(m.fill, m.dtype)] += 1
+        agreed = _agreed(weak) if not names else None
+        if agreed is not None:
+            (fill, dtype), n, k = agreed
+            d.fill, d.dtype = fill, dtype
+            out.append(Assigned(d.name, fill, dtype, f"too few elements to tell in any one forward, but {n} of the "
+                                                     f"program's forwards name it {fill} ({dtype}) and nothing else, "
+                                                     f"over {k} different values"))
+            continue
         why = _why_not(d, seen, no_bytes, unnamed, names)
         if why:
             out.append(Assigned(d.name, None, None, why))
             continue
         (fill, dtype), n = names.most_common(1)[0]
         d.fill, d.dtype = fill, dtype
-        out.append(Assigned(d.name, fill, dtype, f"{n} copy(ies) into its first byte in the program's forwards "
+        out.append(Assigned(d.name, fill, dtype, f"{n} array(s) at its first byte in the program's forwards "
                                                  f"are named {fill} ({dtype}); none names another fill"))
     return out
+
+
+AGREE = 3          # forwards whose weak matches must agree (one fill, one dtype, several values)
+
+
+def _agreed(weak: dict):
+    """((fill, dtype), forwards, distinct values) when the weak matches of one buffer name one fill
+    in AGREE or more forwards over two or more different values, and no other; else None. Why
+    enough: one token id or one position of a decode step may equal a small integer by chance; the
+    same buffer following the steps' changing values forward after forward does not."""
+    if len(weak) != 1:
+        return None
+    (key, per), = weak.items()
+    k = len(set(per.values()))
+    return (key, len(per), k) if len(per) >= AGREE and k >= 2 else None
 
 
 def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> str:

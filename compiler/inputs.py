@@ -47,7 +47,7 @@ class Reader:
 @dataclass
 class Array:
     """One piece of host data a forward received: a copy, or a host pointee a launch read."""
-    source: str                # copy | host
+    source: str                # copy | host | replay (bytes an in-order replay found at a word)
     seq: int                   # the copy's seq, or the reading launch's
     dst: int                   # device destination (copy) or host address (pointee)
     size: int                  # bytes written (copy) or kept (pointee)
@@ -123,6 +123,22 @@ def collect(dump, doc) -> list[ForwardInputs]:
     return out
 
 
+def add_replayed(dump, fwds: list[ForwardInputs], contents) -> None:
+    """The bytes an in-order replay found at each forward's pointer words (vocab.contents), as
+    arrays of source `replay` on the forward whose launches hold the reading one: the inputs an
+    engine builds on the device (staging kernels), which no copy holds. Matched as a prefix: a
+    word's recorded span may run past the array into whatever the engine placed next."""
+    sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
+    allocs = _allocs(dump)
+    for w in contents.words:
+        fi = next((f for f in fwds if f.first <= w.seq <= f.last), None)
+        if fi is None:
+            continue
+        fi.arrays.append(Array("replay", w.seq, w.addr, len(w.data), f"{sym.get(w.seq, '')} param {w.i}@{w.at}",
+                               w.data, [Reader(w.seq, sym.get(w.seq, ""), w.i, w.at, 0)],
+                               alloc=_alloc_of(allocs, w.addr)))
+
+
 def _owners(C, fwds) -> dict[int, int]:
     """copy seq -> the forward it feeds: the forward whose first launch is the copy's `seq_before`;
     else one whose launches the copy falls between (`inside`); else the next forward to start.
@@ -178,7 +194,7 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
         best, key = None, (0,)
         for s in ([] if reqs is None else reqs.steps):
             n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
-                                                           fills.match(a.data, s, prefix=a.source == "host")))
+                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
             k = (n, s.tokens == fi.tokens, s.index not in used, -s.index)
             if n and k > key:
                 best, key = s, k
@@ -194,9 +210,9 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
         for a in fi.arrays:
             if a.data is None:
                 a.note = a.note or (f"the copy log did not keep its {a.size} bytes (over MINE_CAPTURE_COPY_BYTES)"
-                                    if a.source == "copy" else "no pointee bytes")
+                                    if a.source == "copy" else "no bytes recorded")
                 continue
-            a.matches = fills.match(a.data, fi.step, fi.tokens, prefix=a.source == "host")
+            a.matches = fills.match(a.data, fi.step, fi.tokens, prefix=a.source in ("host", "replay"))
             _blocks_with_slots(fi, a)
             if not a.matches:
                 a.note = ("matches no input of step %d" % fi.step.index if fi.step is not None

@@ -27,6 +27,9 @@ def compile_cmd(
                                            "bytes no tensor holds go to weights/extra.safetensors)."),
     requests: Optional[Path] = typer.Option(None, "--requests", help="The requests the capture served (a truth file: "
                                             "prompts and outputs), to name inputs by content (docs/compile.md)."),
+    contents: Optional[Path] = typer.Option(None, "--contents", help="What an in-order replay found at the forwards' "
+                                            "pointer words (`mine replay --in-order --contents-out`): inputs the "
+                                            "engine builds on the device are named from it."),
     explain_inputs: bool = typer.Option(False, "--explain-inputs", help="Only report each forward kind's host inputs "
                                         "(copies, host-mapped reads), their fill kinds and evidence; write inputs.json."),
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
@@ -45,18 +48,18 @@ def compile_cmd(
     from compiler.compile import check_inputs, compile_dump, explain_dump
     from mine.checks import OutFolder, archive_named, progress
 
-    check_inputs(dump, analysis, config, weights, requests)
-    folder = OutFolder(out, force, inputs=[dump, analysis, config, weights, requests])
+    check_inputs(dump, analysis, config, weights, requests, contents)
+    folder = OutFolder(out, force, inputs=[dump, analysis, config, weights, requests, contents])
     if explain_inputs:
         with archive_named(dump), progress(f"reading {dump} and naming its inputs"):
             lines = explain_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
-                                 requests=requests)
+                                 requests=requests, contents=contents)
         for line in lines:
             typer.echo(line)
         return
     with archive_named(dump), progress(f"reading and compiling {dump}"):
         result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
-                              requests=requests, weights=weights)
+                              requests=requests, weights=weights, contents=contents)
     for line in result.lines():
         typer.echo(line)
 

@@ -49,6 +49,9 @@ def replay_cmd(
     warm_from: Optional[int] = typer.Option(None, "--warm-from", help="with --in-order: begin the replay at this "
                                             "launch seq (default for --forward: the forward before the latest "
                                             "prefill at or before it)"),
+    contents_out: Optional[Path] = typer.Option(None, "--contents-out", help="with --in-order: write the bytes each "
+                                                "forward of the window found at its pointer words "
+                                                "(mine-replay-contents/1, for mine compile --contents)"),
 ) -> None:
     """Run captured launches again, alone, on this GPU: read/write set per pointer parameter,
     determinism, time.
@@ -69,12 +72,12 @@ def replay_cmd(
     from replay.select import select
     from replay.sites import with_flow
 
-    for out in (json_out, flow_out):
+    for out in (json_out, flow_out, contents_out):
         if out is not None and (out.resolve() == dump_path.resolve() or
                                 (analysis is not None and out.resolve() == analysis.resolve())):
             raise UsageError(f"{out}: an output may not be one of the inputs")
-    if warm_from is not None and not in_order:
-        raise UsageError("--warm-from is read for --in-order; give --in-order too")
+    if (warm_from is not None or contents_out is not None) and not in_order:
+        raise UsageError("--warm-from and --contents-out are read for --in-order; give --in-order too")
     if in_order and (ceilings or io is not None):
         raise UsageError("--in-order measures data flow only: it takes neither --ceilings nor --io")
     if analysis is not None and flow_out is None:
@@ -96,7 +99,7 @@ def replay_cmd(
             return
     seqs = select(dump, seq, kernel, forward, limit)
     if in_order:
-        results = _in_order(dump, seqs, forward, warm_from)
+        results = _in_order(dump, seqs, forward, warm_from, contents_out)
     else:
         results = replay_seqs(dump, seqs, reps=reps, judge_reads=not no_flow, max_region=max_region_mib << 20)
         _table(results, forward, ceil)
@@ -109,15 +112,23 @@ def replay_cmd(
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
 
 
-def _in_order(dump, seqs, forward, warm_from):
+def _in_order(dump, seqs, forward, warm_from, contents_out=None):
     from rich.console import Console
 
+    from mining.analyze import analyze, document
     from replay.forward import replay_forward
     from replay.select import warm_start
+    from vocab.contents import Contents
 
     if warm_from is None and forward is not None:
         warm_from = warm_start(dump, forward)
-    fr = replay_forward(dump, seqs, warm_from)
+    spans = None
+    if contents_out is not None:
+        spans = [(f.first_seq, f.last_seq) for f in document(analyze(dump)).passes.forwards if f.n_launches]
+    fr = replay_forward(dump, seqs, warm_from, spans=spans, contents_bytes=4096 if contents_out else 0)
+    if contents_out is not None:
+        contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))
+        Console().print(f"wrote {contents_out} ({len(fr.contents)} words)")
     _table(fr.results, forward)
     Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.skipped)} could "
                     f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "

@@ -58,6 +58,7 @@ class ForwardReplay:
     copies_without_bytes: int = 0
     blind: list[int] = field(default_factory=list)   # copies without bytes into a target launch's regions
     warnings: list[str] = field(default_factory=list)
+    contents: list = field(default_factory=list)     # vocab.contents.Word: first-use bytes per forward span
 
 
 def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
@@ -331,11 +332,14 @@ def find_tables(plan: LaunchPlan, init: list[np.ndarray], allocs, max_region: in
 
 
 def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_region: int = FORWARD_REGION,
-                   device: int = 0, timeout_s: float = 120.0, progress=None, runner=None) -> ForwardReplay:
+                   device: int = 0, timeout_s: float = 120.0, progress=None, runner=None,
+                   spans: list[tuple[int, int]] | None = None, contents_bytes: int = 0) -> ForwardReplay:
     """Replay every launch record from `warm_from` (default: the first target) to the last target
     in seq order on rebuilt memory, measuring the `targets` (module docstring). `runner(plan,
     init, measure) -> (LaunchResult, after | None)` runs one launch (default: on this machine's GPU
-    in worker processes; tests pass a CPU model)."""
+    in worker processes; tests pass a CPU model). With `contents_bytes` and `spans` (first and last
+    seq of each forward of interest), every device address a launch of a span passes is recorded
+    once per span, with up to that many bytes of it before its first launch (`vocab.contents`)."""
     from mining.pointees import host_pointees
 
     if not targets:
@@ -363,6 +367,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     for sq, v in zip(P["seq"].to_numpy(np.int64).tolist(), P["value"].to_numpy(np.uint64).tolist()):
         ptr_values.setdefault(sq, set()).add(int(v))
     fed: dict[int, int] = {}          # pointer value -> the first left-out launch given it
+    seen_in: dict[int, set] = {}      # span start -> addresses recorded there
     want = set(targets)
     at = 0
     workers = None
@@ -381,6 +386,8 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 plan, why = None, str(exc)
             else:
                 why = plan.missing
+            if contents_bytes and plan is not None:
+                _record(out.contents, plan, seq, spans or [], seen_in, mem, contents_bytes)
             if why:
                 out.skipped.append((seq, why))
                 for v in ptr_values.get(seq, ()):
@@ -416,6 +423,24 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                             f"their bytes (up to {big} bytes, over MINE_CAPTURE_COPY_BYTES): those bytes are stale "
                             "or zero here; capture with MINE_CAPTURE_COPY_BYTES=65536")
     return out
+
+
+def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Memory, limit: int) -> None:
+    """The first-use bytes of each device word of launch `seq` in the span holding it (module
+    `vocab.contents`): up to `limit` bytes of the word's span, as memory holds them now."""
+    from vocab.contents import Word
+
+    lengths = [r.length for r in plan.regions]
+    word_spans = FL.spans(plan.words, lengths)
+    for span in (a for a, b in spans if a <= seq <= b):    # forwards may overlap (sampling after the next's head)
+        seen = seen_in.setdefault(span, set())
+        for w, sp in zip(plan.words, word_spans):
+            if plan.regions[w.region].host or w.captured in seen:
+                continue
+            seen.add(w.captured)
+            n = min(limit, sp.hi - sp.lo)
+            if n > 0:
+                out.append(Word(span, seq, w.i, w.at, w.captured, mem.read(w.captured, n).tobytes()))
 
 
 def _run_job(workers: _Workers, plan: LaunchPlan, init, measure: bool):

@@ -205,7 +205,7 @@ CASES = [
     (["replay", str(DUMP), "--limit", "0"], "'--limit'"),
     (["replay", str(DUMP), "--io", "{t}/garbage.json"], "not a readable mine-probe-io/1 file"),
     (["replay", str(DUMP), "--io", "{t}/obj.json"], "not a mine-probe-io/1 file"),
-    (["replay", str(DUMP), "--seq", "0", "--warm-from", "3"], "--warm-from is read for --in-order"),
+    (["replay", str(DUMP), "--seq", "0", "--warm-from", "3"], "--warm-from and --contents-out are read for --in-order"),
     (["replay", str(DUMP), "--seq", "0", "--in-order", "--ceilings"], "--in-order measures data flow only"),
     # compare / reference: refused on the CPU, before any GPU or engine is touched
     (["compare", "{t}/missing", "--weights", "{t}", "--reference", "{t}/obj.json"], "does not exist"),

@@ -185,3 +185,37 @@ def test_a_capture_without_a_copy_log_is_said(offline_dump):
     seqs = forward_seqs(offline_dump, f.forward)[:3]
     fr = replay_forward(offline_dump, seqs, runner=_echo_runner([]))
     assert any("no copy log" in w for w in fr.warnings) and fr.blind == []
+
+
+def test_contents_record_each_address_once_per_forward(q2b, tmp_path):
+    """`spans` + `contents_bytes`: every device address a forward's launches pass is recorded once,
+    at its first launch, with at most the limit of bytes as memory held them before that launch;
+    the file round-trips through vocab.contents and a file of another shape is one sentence."""
+    from mining.analyze import analyze, document
+    from vocab import contents as C
+    from vocab.errors import UsageError
+
+    fw = sorted((f for f in document(analyze(q2b)).passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    f = [x for x in fw if x.phase == "serve" and x.tokens == 1][0]
+    spans = [(x.first_seq, x.last_seq) for x in fw]
+    targets = forward_seqs(q2b, f.forward)
+    fr = replay_forward(q2b, targets, warm_start(q2b, f.forward), runner=_echo_runner([]), spans=spans,
+                        contents_bytes=256)
+    assert fr.contents
+    keys = [(w.forward, w.addr) for w in fr.contents]
+    assert len(keys) == len(set(keys))                        # once per forward
+    assert all(0 < len(w.data) <= 256 for w in fr.contents)
+    assert {w.forward for w in fr.contents} <= {a for a, _ in spans}
+    for w in fr.contents:                                     # the first launch of its forward to pass it
+        a, b = next(s for s in spans if s[0] == w.forward)
+        P = q2b.params
+        hits = P[(P["seq"] >= a) & (P["seq"] <= w.seq) & P["is_ptr"] & (P["value"].astype("uint64") == w.addr)]
+        assert int(hits["seq"].min()) == w.seq
+    doc = C.Contents(len(q2b.launches), fr.window, 256, fr.contents)
+    p = tmp_path / "c.json"
+    p.write_text(__import__("json").dumps(doc.to_json()))
+    back = C.read(p)
+    assert back.words == fr.contents and back.launches == len(q2b.launches)
+    p.write_text('{"format": "other"}')
+    with pytest.raises(UsageError, match="not a mine-replay-contents/1 file"):
+        C.read(p)

@@ -1,0 +1,89 @@
+"""An input named by agreement over forwards (compiler.input_fills): a one-token decode's token id
+or position is a `weak` match in any one forward (one small integer may equal anything), but the
+same buffer following the steps' changing values over several forwards is named. Unit cases on
+hand-made arrays (the fill matchers themselves are tests/compiler/test_inputs.py's) and the
+replayed-bytes source on a real capture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler import fills
+from compiler.buffers import Decl
+from compiler.input_fills import AGREE, _agreed, assign
+from compiler.inputs import Array, ForwardInputs, Reader
+
+
+class _S:
+    def __init__(self, forward):
+        self.forward = forward
+
+
+class _P:
+    def __init__(self, forwards):
+        self.samples = [_S(f) for f in forwards]
+
+
+def _fwds(values, fill="token", sure="weak", source="replay", addr=0x1000):
+    out = []
+    for k, v in enumerate(values):
+        fi = ForwardInputs(k, "serve", 1, 100 * k, 100 * k + 50)
+        a = Array(source, 100 * k, addr, 8, "embed param 1@0", np.int64(v).tobytes(), [Reader(100 * k, "embed", 1, 0, 0)])
+        a.matches = [fills.Match(fill, "i64", sure, "planted", 1, True)]
+        fi.arrays.append(a)
+        out.append(fi)
+    return out
+
+
+def _decl(addr=0x1000):
+    return {"in.0": Decl("in.0", "input", 8, addr, 0, "planted")}
+
+
+@pytest.mark.parametrize("values,named", [
+    ([5, 9, 13, 2], True),                 # one fill, changing values, four forwards
+    ([5] * 4, False),                      # the same value every forward: nothing follows
+    ([5, 9][: AGREE - 1], False),          # too few forwards
+])
+def test_weak_matches_agreeing_over_forwards_name_the_input(values, named):
+    decls = _decl()
+    out = assign(decls, [_P(range(len(values)))], _fwds(values))
+    assert (out[0].fill == "token") == named and (decls["in.0"].fill == "token") == named
+
+
+def test_two_weak_fills_name_nothing():
+    fw = _fwds([5, 9, 13, 2])
+    fw[1].arrays[0].matches = [fills.Match("position", "i64", "weak", "planted", 1, True)]
+    decls = _decl()
+    assert assign(decls, [_P(range(4))], fw)[0].fill is None
+
+
+def test_agreement_needs_one_unambiguous_fill():
+    assert _agreed({("token", "i64"): {0: b"a", 1: b"b", 2: b"c"}}) == (("token", "i64"), 3, 3)
+    assert _agreed({("token", "i64"): {0: b"a", 1: b"b"}}) is None
+    assert _agreed({("token", "i64"): {0: b"a", 1: b"b", 2: b"c"}, ("position", "i64"): {3: b"d"}}) is None
+
+
+def test_replayed_bytes_join_the_forward_that_reads_them():
+    """vocab.contents words become `replay` arrays of the forward holding their launch, at the
+    word's captured address, with its allocation (q2r: a real capture)."""
+    from compiler import inputs
+    from mining.analyze import analyze, document
+    from mining.load import load_dump
+    from paths import FIXTURES
+    from vocab.contents import Contents, Word
+
+    d = load_dump(FIXTURES / "replay" / "q2r.tar.xz", cache=False)
+    doc = document(analyze(d))
+    fwds = inputs.collect(d, doc)
+    f = next(fi for fi in fwds if fi.tokens == 1 and fi.phase == "serve")
+    P = d.params
+    w = P[(P["seq"] == f.first) & P["is_ptr"] & (P["buffer_id"] >= 0)].iloc[0]
+    before = len(f.arrays)
+    inputs.add_replayed(d, fwds, Contents(len(d.launches), (f.first, f.last), 64,
+                                          [Word(f.first, f.first, int(w["i"]), int(w["at"]), int(w["value"]), b"\x01" * 8),
+                                           Word(0, 10 ** 9, 0, 0, 0x10, b"\x02")]))   # no forward holds it: dropped
+    got = f.arrays[before:]
+    assert len(got) == 1 and got[0].source == "replay" and got[0].dst == int(w["value"])
+    assert got[0].alloc == (int(w["alloc_base"]), int(w["value"]) - int(w["alloc_base"]))
+    assert got[0].readers[0].seq == f.first
