@@ -3,9 +3,10 @@
 Why: an input's bytes are named by what they hold *for the requests of that step* -- the prompt's
 token ids or the previous step's outputs, positions from the context length, sequence lengths,
 query start offsets. The capture does not say which requests a forward served; a requests file
-does (the truth files of the repository's captures: `{"requests": [...]}` or `{"groups": [{"requests":
-[...]}]}`, each request `{"prompt": [ids], "output": [ids]}`, optionally `{"scheduler":
-{"max_num_batched_tokens": N}}`).
+does (the truth files of the repository's captures: `{"requests": [...]}`, requests served one
+after the other, as examples/vllm_qwen3/run_suite.py sends them without --batches; or `{"groups":
+[{"requests": [...]}]}`, each group's requests submitted together; each request `{"prompt": [ids],
+"output": [ids]}`, optionally `{"scheduler": {"max_num_batched_tokens": N}}`).
 
 `steps` turns the requests into a hypothesis of the engine's steps, by continuous batching with no
 engine names: groups run one after the other (a group's requests were submitted together); in a
@@ -76,8 +77,8 @@ def read_requests(path: Path) -> Requests:
     except (OSError, ValueError) as exc:
         raise CompileError(f"--requests {path}: not a readable JSON file ({exc.__class__.__name__})") from None
     groups = doc.get("groups") if isinstance(doc, dict) else None
-    if groups is None and isinstance(doc, dict) and "requests" in doc:
-        groups = [{"requests": doc["requests"]}]
+    if groups is None and isinstance(doc, dict) and isinstance(doc.get("requests"), list):
+        groups = [{"requests": [r]} for r in doc["requests"]]     # served one after the other
     reqs: list[Request] = []
     for g, grp in enumerate(groups or []):
         for r in (grp.get("requests") if isinstance(grp, dict) else None) or []:

@@ -87,3 +87,19 @@ def test_replayed_bytes_join_the_forward_that_reads_them():
     assert len(got) == 1 and got[0].source == "replay" and got[0].dst == int(w["value"])
     assert got[0].alloc == (int(w["alloc_base"]), int(w["value"]) - int(w["alloc_base"]))
     assert got[0].readers[0].seq == f.first
+
+
+def test_a_truth_of_sequential_requests_is_one_request_per_group():
+    """examples/vllm_qwen3/run_suite.py without --batches sends its requests one after the other and
+    writes `{"requests": [...]}`: no step of the hypothesis mixes two of them (q2r's truth)."""
+    import json
+
+    from compiler.requests import read_requests
+    from paths import FIXTURES
+
+    path = FIXTURES / "replay" / "q2r.truth.json"
+    reqs = read_requests(path)
+    truth = json.loads(path.read_text())["requests"]
+    assert all(len(s.runs) == 1 for s in reqs.steps)
+    assert len(reqs.steps) == sum(len(r["output"]) for r in truth)     # a prefill, then one step per later token
+    assert [s.tokens for s in reqs.steps if s.prefill] == [len(r["prompt"]) for r in truth]
