@@ -134,9 +134,17 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
         if prefix and n > len(cu):
             v = v[:len(cu)]      # a host buffer longer than the step's offsets: its head is compared
         ones = all(len(r.tokens) == 1 for r in step.runs)   # offsets then are an arange any such step has
+        padded = (not prefix and len(v) > len(cu) >= 2 and np.array_equal(v[:len(cu)], cu)
+                  and (v[len(cu):] == cu[-1]).all())
         if len(v) >= 2 and any(np.array_equal(v, c) for c in sorted_cu) and not _dup(out, dt, n):
             out.append(Match("cu_seqlens", dt, "weak" if ones and prefix else "exact", f"0 and the running sum of the sequences' token counts, "
                              f"{how}{part}", n, prefix))
+        elif padded and not _dup(out, dt, n):
+            # an engine's fixed-capacity offsets array: the running sum, then its last value repeated
+            # (vLLM pads query_start_loc to its largest batch); kern's cu_seqlens is the head
+            out.append(Match("cu_seqlens", dt, "weak" if ones else "exact", f"0 and the running sum of the sequences' "
+                             f"token counts, then its last value repeated to {n} entries (a padded capacity), {how}",
+                             len(cu), prefix))
         elif len(step.runs) >= 2 and not _dup(out, dt, n) and _ends(v, step, prefix):
             out.append(Match("cu_seqlens", dt, "weak" if ones else "exact", f"the running sum of the sequences' token counts without "
                              f"its leading 0 (query end offsets: kern's cu_seqlens is 0 followed by these), {how}{part}",

@@ -207,6 +207,9 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
             fi.step_because = f"{key[0]} of the forward's arrays equal step {best.index}'s values exactly{agree}"
         elif reqs is not None:
             fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+    if reqs is not None:
+        _by_order(fwds, reqs.steps)
+    for fi in fwds:
         for a in fi.arrays:
             if a.data is None:
                 a.note = a.note or (f"the copy log did not keep its {a.size} bytes (over MINE_CAPTURE_COPY_BYTES)"
@@ -217,6 +220,30 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
             if not a.matches:
                 a.note = ("matches no input of step %d" % fi.step.index if fi.step is not None
                           else "matches nothing by structure, and no step is known")
+
+
+def _by_order(fwds: list[ForwardInputs], steps) -> None:
+    """Serving forwards no array ties to a step take one by order: between two forwards that have
+    steps (or the ends of the run), the forwards without one and the steps nobody took pair up in
+    order when there are as many of each and every pair's token counts agree. Why enough: the
+    engine ran the steps in that order, and a count that agrees pair by pair over a stretch is the
+    stretch's own evidence; a stretch whose counts disagree anywhere pairs nothing."""
+    serve = [fi for fi in fwds if fi.phase == "serve"]
+    taken = {fi.step.index for fi in serve if fi.step is not None}
+    anchors = [-1] + [k for k, fi in enumerate(serve) if fi.step is not None] + [len(serve)]
+    for a, b in zip(anchors, anchors[1:]):
+        lo = serve[a].step.index if a >= 0 else -1
+        hi = serve[b].step.index if b < len(serve) else len(steps)
+        free = [s for s in steps if lo < s.index < hi and s.index not in taken]
+        gap = serve[a + 1:b]
+        if not gap or len(gap) != len(free) or any(fi.tokens != s.tokens for fi, s in zip(gap, free)):
+            continue
+        for fi, s in zip(gap, free):
+            fi.step = s
+            fi.step_because = (f"by order: the {len(gap)} serving forward(s) between "
+                               f"{'the start' if a < 0 else 'forward %d' % serve[a].forward} and "
+                               f"{'the end' if b >= len(serve) else 'forward %d' % serve[b].forward} pair with "
+                               f"steps {free[0].index}..{free[-1].index}, token counts equal")
 
 
 def _blocks_with_slots(fi: ForwardInputs, a: Array) -> None:

@@ -103,3 +103,35 @@ def test_a_truth_of_sequential_requests_is_one_request_per_group():
     assert all(len(s.runs) == 1 for s in reqs.steps)
     assert len(reqs.steps) == sum(len(r["output"]) for r in truth)     # a prefill, then one step per later token
     assert [s.tokens for s in reqs.steps if s.prefill] == [len(r["prompt"]) for r in truth]
+
+
+def test_a_padded_offsets_array_is_cu_seqlens():
+    """An engine's fixed-capacity query offsets (vLLM pads query_start_loc with its last value)."""
+    from compiler.requests import Run, Step
+
+    two = Step(0, (Run(0, 0, (5, 6, 7)), Run(1, 0, (8, 9, 10, 11, 12))))
+    m = fills.match(np.array([0, 3, 8, 8, 8, 8], np.int32).tobytes(), two)
+    assert m and m[0].fill == "cu_seqlens" and m[0].sure == "exact" and m[0].dtype == "i32"
+    one = Step(1, (Run(0, 3, (7,)),))
+    m = fills.match(np.array([0, 1, 1, 1], np.int32).tobytes(), one)
+    assert m and m[0].fill == "cu_seqlens" and m[0].sure == "weak"     # an arange any one-token step has
+    assert not any(x.fill == "cu_seqlens" for x in fills.match(np.array([0, 3, 8, 9], np.int32).tobytes(), two))
+
+
+def test_decode_forwards_take_their_steps_by_order():
+    """q2r: the prompt forwards are tied to their steps by exact copies; the decode forwards between
+    them, which no array ties to a step, take the steps between in order (token counts equal)."""
+    from compiler import inputs
+    from compiler.requests import read_requests
+    from mining.analyze import analyze, document
+    from mining.load import load_dump
+    from paths import FIXTURES
+
+    d = load_dump(FIXTURES / "replay" / "q2r.tar.xz", cache=False)
+    fwds = inputs.collect(d, document(analyze(d)))
+    reqs = read_requests(FIXTURES / "replay" / "q2r.truth.json")
+    inputs.name(fwds, reqs)
+    serve = [fi for fi in fwds if fi.phase == "serve"]
+    assert [fi.step.index for fi in serve] == list(range(len(reqs.steps)))
+    assert all(fi.step.tokens == fi.tokens for fi in serve)
+    assert sum("by order" in fi.step_because for fi in serve) == sum(1 for s in reqs.steps if not s.prefill)
