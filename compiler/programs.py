@@ -70,7 +70,68 @@ def _seqs(f) -> list[int]:
     return [s for first, n in f.seqs for s in range(first, first + n)]
 
 
-def _steps(f, launches: dict[int, Launch]) -> tuple[list[Step], list[Launch]]:
+def device_staging(dump, doc: AnalysisDoc, fwds, launches: dict[int, Launch]) -> set[int]:
+    """Launches that stage inputs on the device, by measured data flow (`doc.flow`): no host memory
+    of their own, every word measured, and every word they read host data -- an address a
+    host-reading launch or another staging launch passed, or inside a host copy made once the
+    forwards began (weights are copied in before the first), and not written by a model launch
+    since. vLLM 0.26's model runner turns the per-request tables its host staging writes into
+    positions, sequence lengths and slots this way (`_prepare_pos_seq_lens_kernel`,
+    `_compute_slot_mappings_kernel`): left in a program, its inputs would be the engine's own
+    tables, which no kern fill names; left out, their outputs are the program's inputs. The
+    embedding reads its table, which is no host data, so it stays. Without flow: none (the words
+    alone cannot tell a table being read from one being written)."""
+    if not doc.flow:
+        return set()
+    flow = {(w.site, w.i, w.at): w.direction for w in doc.flow}
+    walk = sorted(fwds, key=lambda f: f.first_seq)
+    begin = walk[0].first_seq if walk else 0
+    C = getattr(dump, "copies", None)
+    copies = []
+    if C is not None and len(C):
+        ok = ((C["result"] == 0) & ~C["in_graph"].astype(bool) & (C["size"] > 0)
+              & (C["seq_before"] >= begin)).to_numpy()
+        copies = sorted(zip(C["seq_before"].to_numpy("int64")[ok].tolist(), C["dst"].to_numpy("uint64")[ok].tolist(),
+                            C["size"].to_numpy("int64")[ok].tolist()))
+    since: dict[int, int] = {}        # address -> seq from which it holds host data
+    ranges: list[tuple[int, int, int]] = []   # (dst, end, seq) of the copies applied so far
+    killed: dict[int, int] = {}       # address -> the last seq a model launch wrote it
+    at = 0
+    out: set[int] = set()
+
+    def hostdata(v: int) -> bool:
+        k = killed.get(v, -1)
+        return since.get(v, -1) > k or any(a <= v < e and t > k for a, e, t in ranges)
+
+    for f in walk:
+        occ: dict[str, int] = {}
+        for seq in _seqs(f):
+            while at < len(copies) and copies[at][0] <= seq:
+                t, dst, n = copies[at]
+                ranges.append((int(dst), int(dst) + int(n), int(t)))
+                at += 1
+            x = launches.get(seq)
+            if x is None:
+                continue
+            k = occ.get(x.symbol, 0)
+            occ[x.symbol] = k + 1
+            if x.host_words and not externs.is_library(x.symbol):
+                since.update((w.value, seq) for w in x.words)
+                continue
+            dirs = [flow.get((site_name(x.symbol, k), w.i, w.at)) for w in x.words]
+            reads = [w.value for w, d in zip(x.words, dirs) if d in ("in", "inout")]
+            if (not externs.is_library(x.symbol) and x.words and None not in dirs and reads
+                    and all(hostdata(v) for v in reads)):
+                out.add(seq)
+                since.update((w.value, seq) for w in x.words)
+                continue
+            for w, d in zip(x.words, dirs):
+                if d in ("out", "inout") or (d is None and externs.is_library(x.symbol)):
+                    killed[w.value] = seq
+    return out
+
+
+def _steps(f, launches: dict[int, Launch], staged: frozenset = frozenset()) -> tuple[list[Step], list[Launch]]:
     steps, staging, occ = [], [], {}
     for seq in _seqs(f):
         x = launches[seq]
@@ -85,7 +146,7 @@ def _steps(f, launches: dict[int, Launch]) -> tuple[list[Step], list[Launch]]:
             st.aux = x
             st.gemm = _gemm(f, st.launch, x)
             continue
-        if x.host_words and not externs.is_library(x.symbol):
+        if (x.host_words or x.seq in staged) and not externs.is_library(x.symbol):
             x.pos = len(steps)
             staging.append(x)
             continue
@@ -116,6 +177,10 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
         raise CompileError(f"the analysis names launch seq {missing[0]}, which the dump does not hold "
                            f"(an analysis of another capture?)")
     out, notes = [], []
+    staged = frozenset(device_staging(dump, doc, fwds, launches))
+    if staged:
+        notes.append(f"{len(staged)} launches stage inputs on the device (measured flow: they read only host data) "
+                     "and are left out like host staging")
     for name, pick in (("decode", lambda t: t == 1), ("prefill", lambda t: t > 1)):
         kind = [f for f in fwds if pick(f.tokens)]
         if not kind:
@@ -125,7 +190,7 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
             # fresh Launch objects per forward: a record replayed in several forwards is a
             # different call site in each
             own = {s: _copy(launches[s]) for s in _seqs(f)}
-            steps, staging = _steps(f, own)
+            steps, staging = _steps(f, own, staged)
             samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging)
         serve = Counter(tuple(st.key for st in samples[f.forward].steps) for f in kind if f.phase == "serve")
         if not serve:

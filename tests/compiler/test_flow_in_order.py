@@ -71,3 +71,35 @@ def test_read_results_refuses_another_file(tmp_path):
     bad.write_text('{"a": 1}')
     with pytest.raises(UsageError, match="not a file of replay results"):
         read_results(bad)
+
+
+def test_device_staging_is_left_out_by_measured_flow():
+    """With the in-order flow of q2r's decode and prefill forwards, the launches that read only host
+    data -- vLLM's `_prepare_pos_seq_lens_kernel` and `_compute_slot_mappings_kernel` -- leave the
+    programs like host staging, and the buffers they write become the decode program's inputs:
+    rotary's positions, the KV write's slots, attention's sequence lengths and query offsets. No
+    layer kernel and no embedding is taken for staging."""
+    from compiler.programs import _seqs, device_staging, read_launches
+
+    d = load_dump(FIXTURES / "replay" / "q2r.tar.xz", cache=False)
+    doc = with_flow(d, read_results(RESULTS) + read_results(RESULTS.with_name("q2r_in_order_prefill.json.xz")))
+    fw = [f for f in doc.passes.forwards if f.tokens]
+    L = read_launches(d, [s for f in fw for s in _seqs(f)])
+    st = device_staging(d, doc, fw, L)
+    assert st and {L[s].symbol for s in st} == {"_prepare_pos_seq_lens_kernel", "_compute_slot_mappings_kernel"}
+    progs, notes = programs.programs(d, doc)
+    lay, decls = buffers.layout(progs, doc)
+    dec = {p.name: p for p in progs}["decode"]
+    assert not any(x.launch.seq in st for x in dec.rep.steps)
+    L2 = lay["decode"]
+    kinds = {}
+    for k, x in enumerate(dec.rep.steps):
+        fam = tag(x.launch.symbol)
+        for (kk, i, at), where in L2.where.items():
+            if kk == k and where[0] == "buf":
+                kinds[(fam, i)] = decls[where[1]].kind
+    assert kinds[("rope", 0)] == "input"        # positions
+    assert kinds[("cache", 4)] == "input"       # slot mapping
+    assert kinds[("attn", 5)] == "input" and kinds[("attn", 24)] == "input"   # seq_lens, query offsets
+    # without flow the words alone decide nothing
+    assert device_staging(d, type(doc)(**{**doc.__dict__, "flow": []}), fw, L) == set()
