@@ -110,7 +110,7 @@ def _poisoned(fill: list[np.ndarray], span: FL.Span, seed: int, kind: str) -> li
 
 
 def _poison_loop(s, fill, base_after, span, key, seed, faulted, runs):
-    """Poison `span` (bounded first, then any bytes) until a read shows: the last after, "fault"
+    """Poison `span` (POISONS in order: bounded, any bytes, all ones) until a read shows: the last after, "fault"
     for a span whose run faulted in an earlier worker; a new fault raises Faulted(key)."""
     if key in faulted:
         return "fault"
