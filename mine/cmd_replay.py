@@ -22,9 +22,11 @@ from vocab.errors import UsageError
 def replay_cmd(
     dump_path: Path = typer.Argument(..., help="dump folder, pid<N>/ folder or its .tar.xz"),
     seq: List[int] = typer.Option([], "--seq", help="replay this launch record (repeatable)"),
+    site: Optional[str] = typer.Option(None, "--site", help="replay this call site of the analysis (symbol#occurrence), "
+                                       "one launch per forward that runs it"),
     kernel: Optional[str] = typer.Option(None, "--kernel", help="replay launches whose symbol or name matches this regex"),
     forward: Optional[int] = typer.Option(None, "--forward", help="replay every launch of this forward of the analysis"),
-    limit: int = typer.Option(20, "--limit", min=1, help="at most this many launches for --kernel"),
+    limit: int = typer.Option(20, "--limit", min=1, help="at most this many launches for --kernel or --site"),
     reps: int = typer.Option(20, "--reps", min=1, help="timed launches per kernel"),
     no_flow: bool = typer.Option(False, "--no-flow", help="skip the read-set runs (write sets and times only)"),
     max_region_mib: int = typer.Option(32, "--max-region-mib", min=1,
@@ -59,6 +61,8 @@ def replay_cmd(
     Examples:
 
       mine replay tests/fixtures/capture/probe.tar.xz --seq 0 --seq 3
+
+      mine replay dumped-kernels --site 'reshape_and_cache_kernel_flash#0' --limit 3
 
       mine replay dumped-kernels --forward 5 --ceilings --json replay.json
 
@@ -97,7 +101,7 @@ def replay_cmd(
         _io_table(check_dump(dump, io, max_region=max_region_mib << 20))
         if not (seq or kernel or forward is not None):
             return
-    seqs = select(dump, seq, kernel, forward, limit)
+    seqs = select(dump, seq, kernel, forward, limit, site=site)
     if in_order:
         results = _in_order(dump, seqs, forward, warm_from, contents_out)
     else:

@@ -38,7 +38,7 @@ from replay import flow as FL
 from replay.gpu import CudaError
 from replay.memory import Memory, blind_copies, copy_writes, pointee_writes, timeline
 from replay.plan import LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
-from replay.run import POISONS, Faulted, LaunchResult, WordFlow, _Setup
+from replay.run import POISONS, WRITTEN_RANGES, Faulted, LaunchResult, WordFlow, _Setup
 
 FORWARD_REGION = 64 << 20     # bytes past a truncated allocation's highest used offset (block tables
                               # can point far into a KV pool)
@@ -173,8 +173,10 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
         else:
             m = wrote[span.region][span.lo:span.hi]
             read, how = FL.judged(after, got.get((span.region, span.lo, span.hi)), wrote, span)
-        res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
-                                  FL.direction(bool(m.any()), read), sh, bool(wrote[w.region].any()), len(m)))
+        rg = FL.ranges(m)
+        res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(rg), read, how,
+                                  FL.direction(bool(m.any()), read), sh, bool(wrote[w.region].any()), len(m),
+                                  [list(r) for r in rg[:WRITTEN_RANGES]]))
     return res, after
 
 

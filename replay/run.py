@@ -32,6 +32,7 @@ FILL_TIMED = "tagged"
 # all ones (NaN in every float width, -1 in every integer width): a read whose value cancels out
 # (a softmax's running max over one active segment) still carries a NaN into the output
 POISONS = ("random16", "random", "ones")
+WRITTEN_RANGES = 16
 
 
 @dataclass
@@ -49,6 +50,7 @@ class WordFlow:
                                # the next one's offset (an interleaved K/V cache) counts to that one
     region_written: bool = False
     span_bytes: int = 0        # bytes of the word's span (its private region from its offset, in a forward replay)
+    written_at: list = field(default_factory=list)   # the first WRITTEN_RANGES [start, end) written, from the word's address
 
 
 @dataclass
@@ -159,9 +161,10 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
             read, how = FL.judged(after1, poisoned[(span.region, span.lo, span.hi)], wrote, span)
             m = wrote[span.region][span.lo:span.hi]
             shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
-            res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(FL.ranges(m)), read, how,
+            rg = FL.ranges(m)
+            res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(rg), read, how,
                                       FL.direction(bool(m.any()), read), shared, bool(wrote[span.region].any()),
-                                      span.hi - span.lo))
+                                      span.hi - span.lo, [list(r) for r in rg[:WRITTEN_RANGES]]))
         s.fill(FILL_TIMED)
         t = gpu.time_launches(s.fn, plan.grid, plan.block, plan.smem, s.params, plan.cluster, reps)
         res.time_us, res.time_us_min, res.reps = float(np.median(t)), float(min(t)), len(t)

@@ -25,11 +25,38 @@ def forward_seqs(dump, forward: int) -> list[int]:
                      value=forward, limit=len(doc.passes.forwards))
 
 
-def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit: int) -> list[int]:
-    """The launches to replay, in order: the `seq`s given; else those (of `forward`, when given)
-    whose symbol or name matches `kernel`, at most `limit`; else every launch of `forward`."""
+def site_seqs(dump, site: str) -> list[int]:
+    """The launch records of call site `site` (the analysis' name: symbol#occurrence in a
+    forward, `vocab.analysis.site_name`), one per forward that runs it, in order."""
+    from mining.analyze import analyze, document
+    from replay.sites import site_of
+
+    doc = document(analyze(dump))
+    symbols = dict(zip(dump.launches["seq"].tolist(), dump.launches["symbol"].astype(str).tolist()))
+    hit = sorted(s for s, name in site_of(doc, symbols).items() if name == site)
+    if not hit:
+        known = sorted({x.site for x in doc.sites})
+        near = [k for k in known if site.split("#")[0] and site.split("#")[0][:20] in k][:3]
+        raise UsageError(f"{dump.source}: the analysis has no call site {site!r}"
+                         + (f" (like it: {', '.join(near)})" if near else f" ({len(known)} sites; `mine analyze` lists them)"),
+                         value=site)
+    return hit
+
+
+def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit: int,
+           site: str | None = None) -> list[int]:
+    """The launches to replay, in order: the `seq`s given; else those of call site `site` (of
+    `forward`, when given), at most `limit`; else those (of `forward`, when given) whose symbol or
+    name matches `kernel`, at most `limit`; else every launch of `forward`."""
     L = dump.launches
     pool = forward_seqs(dump, forward) if forward is not None else L["seq"].tolist()
+    if site and not seq:
+        got = site_seqs(dump, site)
+        if forward is not None:
+            got = [s for s in got if s in set(pool)]
+            if not got:
+                raise UsageError(f"{dump.source}: call site {site!r} does not run in forward {forward}", value=site)
+        return got[:limit]
     if seq:
         known = set(L["seq"].tolist())
         bad = [s for s in seq if s not in known]
@@ -48,7 +75,7 @@ def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit:
                              f"matches --kernel {kernel!r}", value=kernel)
         return pool[:limit]
     if forward is None:
-        raise UsageError("say which launches: --seq N, --kernel REGEX or --forward F")
+        raise UsageError("say which launches: --seq N, --site S, --kernel REGEX or --forward F")
     return pool
 
 

@@ -30,6 +30,12 @@ def analysed_once(monkeypatch, offline_dump, offline_analysis):
                         else real(d, *a, **k))
 
 
+def dump_analysis(dump):
+    import mining.analyze as A
+
+    return A.analyze(dump)
+
+
 def test_by_seq_kernel_and_forward(dump):
     seqs = dump.launches["seq"].tolist()
     assert select(dump, [seqs[3], seqs[0]], None, None, 20) == [seqs[3], seqs[0]]  # as given, in order
@@ -39,6 +45,12 @@ def test_by_seq_kernel_and_forward(dump):
     one = select(dump, [], None, 1, 20)
     assert one == sorted(one) and len(one) > 100            # every launch of forward 1
     assert set(select(dump, [], "rms_norm", 1, 10**6)) <= set(one)
+    # a call site: one launch per forward that runs it, the k-th launch of its symbol there
+    site = [s for s in __import__("mining.analyze", fromlist=["x"]).document(dump_analysis(dump)).sites
+            if "rms_norm" in s.symbol][1]
+    at = select(dump, [], None, None, 10**6, site=site.site)
+    assert len(at) == site.n_forwards and at == sorted(at) and all(site.symbol == names[s] for s in at)
+    assert select(dump, [], None, 1, 20, site=site.site) == [s for s in at if s in set(one)]
 
 
 @pytest.mark.parametrize("args, phrase", [
@@ -51,6 +63,11 @@ def test_by_seq_kernel_and_forward(dump):
 def test_bad_selections_are_one_usage_error(dump, args, phrase):
     with pytest.raises(UsageError, match=phrase):
         select(dump, *args, 20)
+
+
+def test_an_unknown_site_is_one_usage_error(dump):
+    with pytest.raises(UsageError, match="has no call site 'no_such_site#0'"):
+        select(dump, [], None, None, 20, site="no_such_site#0")
 
 
 def test_with_flow_fills_the_flow_section_of_the_analysis(dump, offline_document, tmp_path):
