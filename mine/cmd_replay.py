@@ -124,11 +124,12 @@ def _in_order(dump, seqs, forward, warm_from, contents_out=None):
     from replay.select import warm_start
     from vocab.contents import Contents
 
+    doc = document(analyze(dump)) if (warm_from is None and forward is not None) or contents_out else None
     if warm_from is None and forward is not None:
-        warm_from = warm_start(dump, forward)
+        warm_from = warm_start(dump, forward, doc)
     spans = None
     if contents_out is not None:
-        spans = [(f.first_seq, f.last_seq) for f in document(analyze(dump)).passes.forwards if f.n_launches]
+        spans = [(f.first_seq, f.last_seq) for f in doc.passes.forwards if f.n_launches]
     fr = replay_forward(dump, seqs, warm_from, spans=spans, contents_bytes=4096 if contents_out else 0)
     if contents_out is not None:
         contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vocab.analysis import kern_directions  # noqa: F401 -- the measured-to-kern rule lives in the vocabulary
 
 
 @dataclass

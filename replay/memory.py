@@ -84,13 +84,19 @@ class HostWrite:
     source: str         # copy | pointee
 
 
+def _applied(copies) -> np.ndarray:
+    """The copies that wrote memory when recorded (`mining.copies` rule): succeeded, not part of a
+    graph, not empty."""
+    return (copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool) & (copies["size"].to_numpy() > 0)
+
+
 def copy_writes(copies) -> tuple[list[HostWrite], int]:
     """The copy log's writes with bytes (`mining.copies` rule: succeeded, not part of a graph),
     and how many copies wrote bytes the log does not hold (larger than MINE_CAPTURE_COPY_BYTES:
     those ranges keep what the replay had there)."""
     if copies is None or len(copies) == 0:
         return [], 0
-    ok = (copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool) & (copies["size"].to_numpy() > 0)
+    ok = _applied(copies)
     out, unknown = [], 0
     for seq, before, dst, data in zip(copies["seq"].to_numpy()[ok], copies["seq_before"].to_numpy()[ok],
                                       copies["dst"].to_numpy(np.uint64)[ok], copies["data"].to_numpy(object)[ok]):
@@ -105,8 +111,7 @@ def blind_copies(copies) -> list[tuple[int, int, int, int]]:
     """(copy seq, seq_before, dst, size) of the copies that wrote bytes the log does not hold."""
     if copies is None or len(copies) == 0:
         return []
-    ok = ((copies["result"].to_numpy() == 0) & ~copies["in_graph"].to_numpy(bool) & (copies["size"].to_numpy() > 0)
-          & ~copies["has_bytes"].to_numpy(bool))
+    ok = _applied(copies) & ~copies["has_bytes"].to_numpy(bool)
     return [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(
         copies["seq"].to_numpy()[ok], copies["seq_before"].to_numpy()[ok],
         copies["dst"].to_numpy(np.uint64)[ok], copies["size"].to_numpy()[ok])]

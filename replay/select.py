@@ -79,7 +79,7 @@ def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit:
     return pool
 
 
-def warm_start(dump, forward: int) -> int:
+def warm_start(dump, forward: int, doc=None) -> int:
     """Where an in-order replay of `forward` begins (`replay.forward`): the first launch of the
     forward before the latest prefill (more than one token) at or before it. Why there: a request's
     device-side metadata (its block table rows, its sequence state) is written when its prompt is
@@ -89,7 +89,8 @@ def warm_start(dump, forward: int) -> int:
     it: the forward before it."""
     from mining.analyze import analyze, document
 
-    fw = sorted((f for f in document(analyze(dump)).passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    doc = doc if doc is not None else document(analyze(dump))
+    fw = sorted((f for f in doc.passes.forwards if f.n_launches), key=lambda f: f.first_seq)
     k = next((n for n, f in enumerate(fw) if f.forward == forward), None)
     if k is None:
         raise UsageError(f"{dump.source}: the analysis finds no forward {forward}", value=forward)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from mining.load import load_dump
-from replay import flow as FL
 from replay.forward import _private, _shared, replay_forward
 from replay.memory import PAGE, HostWrite, Memory, copy_writes, pointee_writes, timeline
 from replay.run import LaunchResult
@@ -145,7 +144,9 @@ def test_warm_start_is_before_the_latest_prefill(q2b):
     ("out", 8, 64, False, {"out"}), ("inout", 8, 64, True, {"inout"}), ("in", 0, 64, True, {"in"}),
     ("out?", 8, 64, True, None)])
 def test_kern_directions(measured, written, span, persistent, want):
-    got = FL.kern_directions(measured, written, span, persistent)
+    from vocab.analysis import kern_directions
+
+    got = kern_directions(measured, written, span, persistent)
     assert (got is None and want is None) or got == frozenset(want)
 
 

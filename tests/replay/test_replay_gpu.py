@@ -143,7 +143,7 @@ def test_vllm_forward_in_order_has_the_generators_directions(fixture, tokens):
     """A decode and a prefill forward of a vLLM capture with a copy log and pinned-host staging,
     replayed in order on rebuilt memory (`replay.forward`): every launch that has a cubin runs
     (no fault), deterministically, and the measured direction of every pointer parameter the
-    Qwen3 generator declares by hand, in kern's vocabulary (`replay.flow.kern_directions`, with
+    Qwen3 generator declares by hand, in kern's vocabulary (`vocab.analysis.kern_directions`, with
     persistence from the analysis' roles), is the hand-written one -- for every family, attention
     and the KV-cache write included. The differences are listed."""
     from mining.analyze import analyze, document
@@ -190,7 +190,7 @@ def kern_directions_against_the_generator(results, doc, dump) -> dict:
     """Per Qwen3 family, every launch where the measured direction (kern's vocabulary) of a
     pointer parameter differs from generators/qwen3/kernels.py's hand-written one."""
     from generators.qwen3.kernels import ATTN3D, FAMILIES, tag
-    from replay.flow import kern_directions
+    from vocab.analysis import kern_directions
     from replay.sites import site_of
 
     syms = dict(zip(dump.launches["seq"].tolist(), dump.launches["symbol"].astype(str).tolist()))
