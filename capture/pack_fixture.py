@@ -48,8 +48,34 @@ def scrub_meta(data: bytes) -> bytes:
     return json.dumps(meta, separators=(",", ":")).encode()
 
 
-def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000) -> dict:
-    kept, dropped = 0, 0
+def _snapshot(proc: Path, budget: int, add_bytes) -> int:
+    """The pid folder's snapshot (snapshot.jsonl + snapshot/*.bin) within `budget` bytes, in address
+    order: a region past the budget is recorded `skipped` ("not packed"), so the reader neither
+    looks for its file nor mistakes it for a lost one. Returns the bytes packed."""
+    path = proc / "snapshot.jsonl"
+    if budget <= 0 or not path.is_file():
+        return 0
+    packed, lines = 0, []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "region" and rec.get("status") == "ok" and rec.get("file"):
+            f = proc / rec["file"]
+            if f.is_file() and packed + f.stat().st_size <= budget:
+                packed += f.stat().st_size
+                add_bytes(f"{proc.name}/{rec['file']}", f.read_bytes())
+            else:
+                rec = dict(rec, status="skipped", file=None, reason="not packed into the fixture")
+        lines.append(json.dumps(rec, separators=(",", ":")))
+    add_bytes(f"{proc.name}/snapshot.jsonl", ("\n".join(lines) + "\n").encode())
+    return packed
+
+
+def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cubin: int = 4_000_000,
+         snapshot_bytes: int = 0) -> dict:
+    kept, dropped, snap = 0, 0, 0
     budget = max_cubin_bytes
     with tarfile.open(out, "w:xz") as tar:
         def add_bytes(name: str, data: bytes):
@@ -65,6 +91,7 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                 if (proc / name).is_file():
                     data = (proc / name).read_bytes()
                     add_bytes(f"{rel}/{name}", scrub_meta(data) if name == "meta.json" else data)
+            snap += _snapshot(proc, snapshot_bytes - snap, add_bytes)
             fn_sha = {fn: r.get("sha256") for fn, r in binfmt.read_functions(proc / binfmt.FUNCTIONS).items()}
             uses: dict[str, int] = {}
             if (proc / binfmt.LAUNCHES_BIN).is_file():
@@ -115,7 +142,7 @@ def pack(dump: Path, out: Path, max_launches: int, max_cubin_bytes: int, max_cub
                 budget -= size
                 kept += 1
                 add_bytes(f"{rel}/cubins/{cubin.name}", cubin.read_bytes())
-    return {"cubins_kept": kept, "cubins_dropped": dropped, "bytes": out.stat().st_size}
+    return {"cubins_kept": kept, "cubins_dropped": dropped, "snapshot_bytes": snap, "bytes": out.stat().st_size}
 
 
 def main() -> None:
@@ -125,8 +152,10 @@ def main() -> None:
     ap.add_argument("--max-launches", type=int, default=3000)
     ap.add_argument("--max-cubin-bytes", type=int, default=2_000_000, help="all kept cubins together")
     ap.add_argument("--max-cubin", type=int, default=4_000_000, help="one cubin")
+    ap.add_argument("--snapshot-bytes", type=int, default=0,
+                    help="keep the device snapshot's allocations up to this many bytes (default: none)")
     a = ap.parse_args()
-    print(json.dumps(pack(a.dump, a.out, a.max_launches, a.max_cubin_bytes, a.max_cubin)))
+    print(json.dumps(pack(a.dump, a.out, a.max_launches, a.max_cubin_bytes, a.max_cubin, a.snapshot_bytes)))
 
 
 if __name__ == "__main__":

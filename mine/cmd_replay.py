@@ -25,7 +25,9 @@ def replay_cmd(
     site: Optional[str] = typer.Option(None, "--site", help="replay this call site of the analysis (symbol#occurrence), "
                                        "one launch per forward that runs it"),
     kernel: Optional[str] = typer.Option(None, "--kernel", help="replay launches whose symbol or name matches this regex"),
-    forward: Optional[int] = typer.Option(None, "--forward", help="replay every launch of this forward of the analysis"),
+    forward: List[int] = typer.Option([], "--forward", help="replay every launch of this forward of the analysis "
+                                      "(repeatable: with --in-order one window from the earliest one's warm start "
+                                      "measures each of them)"),
     limit: int = typer.Option(20, "--limit", min=1, help="at most this many launches for --kernel or --site"),
     reps: int = typer.Option(20, "--reps", min=1, help="timed launches per kernel"),
     no_flow: bool = typer.Option(False, "--no-flow", help="skip the read-set runs (write sets and times only)"),
@@ -99,9 +101,9 @@ def replay_cmd(
     if io is not None:
         from replay.contents import check_dump
         _io_table(check_dump(dump, io, max_region=max_region_mib << 20))
-        if not (seq or kernel or forward is not None):
+        if not (seq or kernel or forward):
             return
-    seqs = select(dump, seq, kernel, forward, limit, site=site)
+    seqs = sorted({s for f in (forward or [None]) for s in select(dump, seq, kernel, f, limit, site=site)})
     if in_order:
         results = _in_order(dump, seqs, forward, warm_from, contents_out)
     else:
@@ -116,7 +118,7 @@ def replay_cmd(
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
 
 
-def _in_order(dump, seqs, forward, warm_from, contents_out=None):
+def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
     from rich.console import Console
 
     from mining.analyze import analyze, document
@@ -124,9 +126,9 @@ def _in_order(dump, seqs, forward, warm_from, contents_out=None):
     from replay.select import warm_start
     from vocab.contents import Contents
 
-    doc = document(analyze(dump)) if (warm_from is None and forward is not None) or contents_out else None
-    if warm_from is None and forward is not None:
-        warm_from = warm_start(dump, forward, doc)
+    doc = document(analyze(dump)) if (warm_from is None and forwards) or contents_out else None
+    if warm_from is None and forwards:
+        warm_from = min(warm_start(dump, f, doc) for f in forwards)
     spans = None
     if contents_out is not None:
         spans = [(f.first_seq, f.last_seq) for f in doc.passes.forwards if f.n_launches]
@@ -134,7 +136,7 @@ def _in_order(dump, seqs, forward, warm_from, contents_out=None):
     if contents_out is not None:
         contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))
         Console().print(f"wrote {contents_out} ({len(fr.contents)} words)")
-    _table(fr.results, forward)
+    _table(fr.results, forwards)
     Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.skipped)} could "
                     f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "
                     f"({fr.copies_without_bytes} copies kept without bytes)")
@@ -146,11 +148,12 @@ def _in_order(dump, seqs, forward, warm_from, contents_out=None):
     return fr.results
 
 
-def _table(results, forward, ceil=None) -> None:
+def _table(results, forwards, ceil=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"replayed launches{'' if forward is None else f' of forward {forward}'}")
+    which = f" of forward{'s' if len(forwards) > 1 else ''} {', '.join(map(str, forwards))}" if forwards else ""
+    t = Table(title=f"replayed launches{which}")
     cols = ["seq", "kernel", "status", "µs alone", "µs graph", "det.", "pointer params", "note"]
     if ceil is not None:
         cols.insert(5, "x write floor")

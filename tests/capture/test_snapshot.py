@@ -222,3 +222,27 @@ def test_pack_fixture_leaves_the_snapshot_out(harness, tmp_path):
     with tarfile.open(tmp_path / "f.tar.xz") as tar:
         names = tar.getnames()
     assert any(n.endswith("launches.jsonl") for n in names) and not [n for n in names if "snapshot" in n]
+
+
+def test_pack_fixture_keeps_the_snapshot_within_its_budget(harness, tmp_path):
+    """Asked for (a seeded checkpoint's weights are nobody's), the snapshot travels in address
+    order up to the budget; a region past it reads as skipped, never as a lost file."""
+    import tarfile
+
+    from capture.pack_fixture import pack
+
+    _, allocs, done, pid_dir = _run(harness, tmp_path / "d", "snapshot_at=3", "snapshot_bytes=11000000")
+    ok = [r for r in read_snapshot(pid_dir, []).regions if r.status == "ok"]
+    budget = sum(r.size for r in ok[:2])
+    got = pack(pid_dir.parent, tmp_path / "f.tar.xz", 100, 1000, snapshot_bytes=budget)
+    assert got["snapshot_bytes"] == budget
+    with tarfile.open(tmp_path / "f.tar.xz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    warnings: list[str] = []
+    snap = read_snapshot(tmp_path / "x" / pid_dir.name, warnings)
+    assert warnings == []
+    kept = [r for r in snap.regions if r.status == "ok"]
+    assert [r.base for r in kept] == [r.base for r in ok[:2]]
+    assert all(r.status == "skipped" and "not packed" in r.reason for r in snap.regions if r.base in
+               {x.base for x in ok[2:]})
+    assert snap.read(ok[0].base, 64) == read_snapshot(pid_dir, []).read(ok[0].base, 64)
