@@ -119,7 +119,8 @@ def prepare(manifest: Path, weights: Path, ref_path: Path, logits: Optional[str]
     if fp != ref.checkpoint:
         raise ReferenceError(f"reference {ref_path} was recorded on another checkpoint than {weights} (fingerprint "
                              f"{ref.checkpoint[:19]}... vs {fp[:19]}...)", value=fp, limit=ref.checkpoint)
-    own = sorted(p for p in mpath.parent.glob("*.safetensors"))
+    # the manifest's own tensors: beside it, or under weights/ (mine compile's extra.safetensors)
+    own = sorted(mpath.parent.glob("*.safetensors")) + sorted(mpath.parent.glob("weights/*.safetensors"))
     files = tuple(ckpt_files) + tuple(own)
     _check_tensors(m, s, checkpoint.tensors(list(files)), weights)
     for n, r in enumerate(ref.requests):

@@ -89,6 +89,12 @@ def serving(m: dict, logits: Optional[str] = None) -> Serving:
         cands = [n for n, b in sorted(bufs.items())
                  if b.get("dtype") in FLOATS and b.get("kind") in ("workspace", "output", "inout")
                  and b.get("shape") and _dim(m, b["shape"][-1]) == vocab]
+        if len(cands) > 1:
+            # one per program (a compiled manifest's decode.out and prefill.out): the decode program's
+            dec = _programs(m)[1]
+            wrote = {a.get("buf") for c in m["programs"][dec].get("calls", []) for a in c.get("args", [])
+                     if isinstance(a, dict)}
+            cands = [n for n in cands if n in wrote] or cands
         if len(cands) != 1:
             raise ManifestError(f"the manifest has {'no' if not cands else len(cands)} float buffer(s) "
                                 f"whose last dimension is the vocabulary ({vocab})"

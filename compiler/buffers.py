@@ -84,6 +84,8 @@ class Decl:
     because: str
     dtype: str = "bf16"
     fill: str = ""           # kern's serving role of an input (compiler.input_fills), "" when unnamed
+    shape: tuple = ()        # elements per dimension where known (a GEMM's output: (m, n)); else flat
+    page: int | None = None  # tokens per KV page, read from a slot / blocks input's contents
 
 
 def _flow(doc: AnalysisDoc) -> dict:
@@ -259,8 +261,10 @@ def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], d
         for j, u in enumerate(outs[:1]):
             name = f"{p.name}.out"
             ext = u.extent if u.extent is not None else spans[u.value]
+            g = p.rep.steps[u.step].gemm if u.operand == "c" else None
             decls[name] = Decl(name, "output", _round(ext), u.base, u.value - u.base,
-                               f"the last range the program writes (call {u.step}) that no later call reads")
+                               f"the last range the program writes (call {u.step}) that no later call reads",
+                               shape=(g.m, g.n) if g is not None and g.m * g.n * 2 == _round(ext) else ())
             for v in us:
                 if v.value == u.value and v.step >= u.step:
                     lay.where[(v.step, v.i, v.at)] = ("buf", name, 0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from compiler import buffers, emit, graph_programs, input_fills, inputs, programs
+from compiler import buffers, emit, facts, graph_programs, input_fills, inputs, programs
 from compiler.errors import CompileError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
@@ -67,6 +67,8 @@ def check_inputs(dump, analysis=None, config=None, weights=None, requests=None, 
     if contents is not None:
         from vocab import contents as C
         C.read(contents)
+    if config is not None:
+        facts.read(config)
 
 
 def _contents(path, dump):
@@ -105,25 +107,26 @@ def explain_inputs(dump, doc, requests=None, contents=None) -> tuple[list, list]
 
 
 def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional[list] = None,
-                    contents=None) -> CompileResult:
+                    contents=None, model: Optional[facts.Facts] = None) -> CompileResult:
     """The manifest and provenance of a loaded dump and its AnalysisDoc (`requests`: the
     compiler.requests.Requests the capture served, for naming inputs by content; `weights`: the
-    checkpoint's safetensors files, to bind weight buffers by the snapshot's bytes)."""
+    checkpoint's safetensors files, to bind weight buffers by the snapshot's bytes; `model`: the
+    checkpoint config's facts, so each program ends at its logits and the inputs get domains)."""
     from manifests.verify import verify
 
     if weights is not None and getattr(dump, "snapshot", None) is None:
         raise CompileError("--weights: the capture holds no snapshot of its device memory, so its weight bytes are "
                            "unknown; capture again with MINE_CAPTURE_SNAPSHOT_AT=N (docs/dump-format.md \"Snapshot\")")
 
-    progs, notes = programs.programs(dump, doc)
+    progs, notes = programs.programs(dump, doc, model.vocab if model else None)
     if not progs:
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
     layouts, decls = buffers.layout(progs, doc)
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents)
     assigned = input_fills.assign(decls, progs, fwds)
-    model = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
-    m, em = emit.manifest(progs, layouts, decls, doc, model)
+    label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
+    m, em = emit.manifest(progs, layouts, decls, doc, label_, model)
     wb = None
     if weights is not None:
         from compiler.weight_binds import bind_weights
@@ -201,18 +204,21 @@ def _load(dump_path: Path, analysis, pid, cache, cache_dir):
 
 def compile_dump(dump_path: Path, out=None, *, analysis: Optional[Path] = None, pid: Optional[int] = None,
                  cache: bool = True, cache_dir: Optional[Path] = None, requests: Optional[Path] = None,
-                 weights: Optional[Path] = None, contents: Optional[Path] = None) -> CompileResult:
+                 weights: Optional[Path] = None, contents: Optional[Path] = None,
+                 config: Optional[Path] = None) -> CompileResult:
     """Compile the capture at `dump_path`; with `out` (a folder object or path) write manifest.json,
     provenance.json and kernels/ there. `requests`: a requests file (compiler.requests); `weights`: a
-    checkpoint folder (its *.safetensors), to bind weights by content."""
+    checkpoint folder (its *.safetensors), to bind weights by content; `config`: the checkpoint's
+    config.json (default: the one in `weights`), for the vocabulary."""
     from compiler.requests import read_requests
     from generators.safetensors import checkpoint_files
 
     reqs = read_requests(requests) if requests is not None else None
     files = checkpoint_files(weights) if weights is not None else None
+    model = facts.read(config if config is not None else weights)
     dump, doc = _load(dump_path, analysis, pid, cache, cache_dir)
     res = compile_capture(dump, doc, label=Path(str(dump.source.parent)).name, requests=reqs, weights=files,
-                          contents=_contents(contents, dump))
+                          contents=_contents(contents, dump), model=model)
     if out is not None:
         write(res, out, dump)
     return res

@@ -283,7 +283,38 @@ class Emitter:
         return {"size": p.size, "fields": fields}
 
 
-def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, label: str) -> tuple[dict, Emitter]:
+def domains(buffers: dict, decls: dict[str, Decl], states: dict, rows_max: int, model) -> list[str]:
+    """kern `domain`s onto the named inputs, from what bounds them (notes list each): the token ids
+    below the config's vocabulary, positions and lengths below its max_position_embeddings, query
+    offsets monotone up to the largest prefill, slots and page tables indexing the first KV state
+    (every state of a program is indexed alike: one slot numbering), a page table's stride the page
+    size its contents showed. Where nothing bounds one, it gets none (kern accepts that)."""
+    notes, first_state = [], min(states) if states else None
+    for name, b in buffers.items():
+        fill, d = b.get("fill"), decls.get(name)
+        dom = None
+        if fill == "token" and model is not None:
+            dom = {"min": 0, "max": model.vocab - 1}
+        elif fill == "position" and model is not None and model.positions:
+            dom = {"min": 0, "max": model.positions - 1}
+        elif fill == "seq_len" and model is not None and model.positions:
+            dom = {"min": 1, "max": model.positions}
+        elif fill == "cu_seqlens":
+            dom = {"min": 0, "max": rows_max, "monotone": True}
+        elif fill in ("slot", "blocks") and first_state is not None:
+            dom = {"index_into": first_state}
+            if fill == "blocks":
+                if d is None or not d.page:
+                    notes.append(f"input {name} (blocks) showed no page size; declared without a stride")
+                else:
+                    dom["stride"] = d.page
+        if dom is not None:
+            b["domain"] = dom
+    return notes
+
+
+def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, label: str,
+             model=None) -> tuple[dict, Emitter]:
     em = Emitter(decls, doc, label)
     programs, fitnotes = {}, []
     for prog in progs:
@@ -305,12 +336,14 @@ def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, l
             states[d.name] = {"bytes": d.size}
             continue
         el = DTYPE_BYTES[d.dtype]
-        b = {"dtype": d.dtype, "shape": [d.size // el], "kind": d.kind}
+        whole = d.shape and d.shape[0] * d.shape[1] * el == d.size
+        b = {"dtype": d.dtype, "shape": list(d.shape) if whole else [d.size // el], "kind": d.kind}
         if d.fill:
             b["fill"] = d.fill
         if d.kind == "weight":
             b["bind"] = [{"tensor": f"capture.{d.name}"}]
         buffers[d.name] = b
+    em.notes += domains(buffers, decls, states, vars_.get(ROWS, {}).get("max", 1), model)
     m = {"schema_version": SCHEMA_VERSION, "model": label, "vars": vars_, "states": states,
          "buffers": buffers, "modules": em.modules, "ops": em.ops, "programs": programs}
     return m, em

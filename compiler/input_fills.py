@@ -103,6 +103,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
         names: Counter = Counter()
         seen, no_bytes, unnamed = 0, 0, Counter()
         weak: dict = {}                # (fill, dtype) -> {forward: the array's first bytes}
+        pages: Counter = Counter()     # the page size P of its slot / blocks matches
         for p in progs:
             for s in p.samples:
                 fi = at.get(s.forward)
@@ -112,6 +113,8 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
                         continue
                     seen += 1
                     m = a.named
+                    if m is not None and m.page:
+                        pages[m.page] += 1
                     if a.data is None:
                         no_bytes += 1
                     elif m is None or m.sure not in TRUSTED:
@@ -120,6 +123,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
                             weak.setdefault((m.fill, m.dtype), {})[s.forward] = a.data[:DTYPE_BYTES[m.dtype]]
                     else:
                         names[(m.fill, m.dtype)] += 1
+        d.page = pages.most_common(1)[0][0] if pages else None
         agreed = _agreed(weak) if not names else None
         if agreed is not None:
             (fill, dtype), n, k = agreed

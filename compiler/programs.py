@@ -52,6 +52,7 @@ class Sample:
     tokens: int
     steps: list[Step]
     staging: list[Launch]       # host-reading launches left out of the program
+    tail: list[Launch] = field(default_factory=list)   # launches after the logits (`cut_at_logits`)
 
 
 @dataclass
@@ -165,8 +166,25 @@ def _gemm(f, main: Launch, aux: Launch | None) -> externs.Gemm:
                            f"{main.site}) {exc}") from None
 
 
-def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
-    """The decode and prefill programs of the capture, and notes on what was left out."""
+def cut_at_logits(steps: list[Step], vocab: int | None) -> tuple[list[Step], list[Step]]:
+    """(the steps through the forward's last GEMM of `vocab` output columns, the steps after it).
+
+    Why: a language model's forward ends at its logits, the [rows, vocab] product of the last
+    hidden states and the LM head; what an engine launches after it (sampling, log-probabilities,
+    top-k, penalties) turns the logits into its own choice of the next token, which is the
+    serving loop's business, not the model's (kern's host reads the logits). The vocabulary size
+    is the checkpoint's (`--config`); without it, or with no such GEMM, nothing is cut."""
+    if not vocab:
+        return steps, []
+    last = max((k for k, st in enumerate(steps) if st.gemm is not None and st.gemm.n == vocab), default=None)
+    if last is None:
+        return steps, []
+    return steps[:last + 1], steps[last + 1:]
+
+
+def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Program], list[str]]:
+    """The decode and prefill programs of the capture, and notes on what was left out (`vocab`:
+    the checkpoint's vocabulary size: each forward ends at its logits, `cut_at_logits`)."""
     fwds = [f for f in doc.passes.forwards if f.tokens is not None and f.tokens >= 1]
     if not [f for f in fwds if f.phase == "serve"]:
         raise CompileError("the analysis finds no serving forward with a token count, so there is no step to "
@@ -191,7 +209,8 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
             # different call site in each
             own = {s: _copy(launches[s]) for s in _seqs(f)}
             steps, staging = _steps(f, own, staged)
-            samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging)
+            steps, tail = cut_at_logits(steps, vocab)
+            samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging, [st.launch for st in tail])
         serve = Counter(tuple(st.key for st in samples[f.forward].steps) for f in kind if f.phase == "serve")
         if not serve:
             notes.append(f"no {name} program: the {name} forwards are all start-up passes")
@@ -217,6 +236,13 @@ def programs(dump, doc: AnalysisDoc) -> tuple[list[Program], list[str]]:
         if joined:
             notes.append(f"{name}: {joined} forward(s) of another module or entry at some calls (the same parameters) "
                          f"joined the program; those calls launch by row range (compiler.builds)")
+        cut = {len(s.tail) for s in prog.samples}
+        if vocab and cut != {0}:
+            notes.append(f"{name}: each forward ends at its logits (the last GEMM of {vocab} columns, the vocabulary); "
+                         f"the {'/'.join(map(str, sorted(cut)))} launches after it (the engine's sampling) are left out")
+        elif vocab:
+            notes.append(f"{name}: no GEMM of {vocab} output columns (the vocabulary): the program keeps every "
+                         f"launch to the forward's end")
         if not prog.rep.steps:
             raise CompileError(f"every launch of the {name} forwards reads host memory; nothing is left to compile")
         out.append(prog)

@@ -20,8 +20,9 @@ def compile_cmd(
                                "run there are replaced, other files kept)."),
     analysis: Optional[Path] = typer.Option(None, "--analysis", help="The capture's analysis (`mine analyze --json`, "
                                             "or `mine replay --flow-out` with measured data flow); computed when omitted."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Accepted for the issue's interface; the compiler "
-                                          "reads nothing from it (no model knowledge)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="The checkpoint's config.json (default: the one in "
+                                          "--weights): only its vocab_size is read, so each program ends at its "
+                                          "logits (the engine's sampling is left out)."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder (*.safetensors) to bind the "
                                            "weight buffers to by the capture's snapshot bytes (MINE_CAPTURE_SNAPSHOT_AT; "
                                            "bytes no tensor holds go to weights/extra.safetensors)."),
@@ -59,7 +60,7 @@ def compile_cmd(
         return
     with archive_named(dump), progress(f"reading and compiling {dump}"):
         result = compile_dump(dump, folder, analysis=analysis, pid=pid, cache=not no_cache, cache_dir=cache_dir,
-                              requests=requests, weights=weights, contents=contents)
+                              requests=requests, weights=weights, contents=contents, config=config)
     for line in result.lines():
         typer.echo(line)
 

@@ -201,6 +201,9 @@ def test_serving_refuses_what_a_host_cannot_serve():
         serving.serving(m)
     m = _qwen3()
     m["buffers"]["logits2"] = copy.deepcopy(m["buffers"]["logits"])
+    # one per program (a compiled manifest's decode.out and prefill.out): the decode program's
+    assert serving.serving(m).logits == "logits"
+    m["programs"]["decode"]["calls"][-1]["args"].append({"buf": "logits2"})
     with pytest.raises(ManifestError, match="--logits"):
         serving.serving(m)
     assert serving.serving(m, logits="logits2").logits == "logits2"
