@@ -125,6 +125,7 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents)
     assigned = input_fills.assign(decls, progs, fwds)
+    notes += input_fills.merge(decls, layouts, assigned)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)
     wb = None

@@ -194,3 +194,44 @@ def lines(entries: list[Entry], assigned: list[Assigned] | None = None) -> list[
         out.append("manifest inputs:")
         out += [f"  {a.name}: {a.fill + ' ' + a.dtype if a.fill else 'no fill'} -- {a.because}" for a in assigned]
     return out
+
+
+def merge(decls: dict, layouts: dict, assigned: list[Assigned]) -> list[str]:
+    """One input per fill, named for it: the programs' inputs of one fill (decode's token ids and
+    prefill's sit at different engine addresses) become one declaration, as large as the largest,
+    which every program's calls address. Why: kern's host writes an input by its fill, whichever
+    program runs next; two buffers of one fill would leave one of them stale. Not merged (a note
+    says so) when one program addresses two of them: the fill then names two different arrays."""
+    notes = []
+    by_fill: dict[str, list[str]] = {}
+    for name, d in decls.items():
+        if d.kind == "input" and d.fill:
+            by_fill.setdefault(d.fill, []).append(name)
+    rename: dict[str, str] = {}
+    for fill, names in sorted(by_fill.items()):
+        users = {p: {n for kind, n, _ in lay.where.values() if n in names} for p, lay in layouts.items()}
+        if any(len(u) > 1 for u in users.values()):
+            notes.append(f"inputs {', '.join(names)} all read as {fill}, but one program addresses several of "
+                         f"them: kept apart (a host fills each)")
+            continue
+        if fill in decls and fill not in names:
+            continue            # the name is taken (never by the compiler's own names today)
+        keep = max(names, key=lambda n: decls[n].size)
+        d = decls[keep]
+        d.size = max(decls[n].size for n in names)
+        for n in names:
+            rename[n] = fill
+        decls[fill] = d
+        for n in names:
+            if n != fill:
+                decls.pop(n, None)
+        d.name = fill
+        if len(names) > 1:
+            notes.append(f"inputs {', '.join(names)} of the programs all read as {fill}: one buffer `{fill}`")
+    for lay in layouts.values():
+        for key, (kind, n, off) in list(lay.where.items()):
+            if n in rename:
+                lay.where[key] = (kind, rename[n], off)
+    for a in assigned:
+        a.name = rename.get(a.name, a.name)
+    return notes
