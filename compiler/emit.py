@@ -232,7 +232,7 @@ class Emitter:
             if p.pointer:
                 lparams.append(None)
                 largs.append({"param": pointer(p.i, 0)})
-            elif p.size in SCALAR and not [w for w in x.words if w.i == p.i]:
+            elif p.size in SCALAR and p.aligned and not [w for w in x.words if w.i == p.i]:
                 lparams.append(SCALAR[p.size])
                 largs.append(scalar(p.i, p.size, f"param{p.i}", vals))
             else:

@@ -49,6 +49,14 @@ class Param:
     value: int            # little-endian value of the first min(size, 8) bytes
     raw: bytes | None     # every byte, where the dump kept them (structs); None for plain words
     pointer: bool         # the whole parameter is one device pointer
+    off: int = 0          # byte offset in the kernel's parameter buffer
+
+    @property
+    def aligned(self) -> bool:
+        """At its size's natural alignment. kern lays a scalar param at it (an i64 at a multiple
+        of 8); a param of 8 bytes at offset 28 is a struct of 4-byte members (ATen's
+        TrivialOffsetCalculator), which only a byte pack places right."""
+        return self.off % self.size == 0
 
 
 @dataclass
@@ -91,21 +99,23 @@ def read_launches(dump, seqs: list[int]) -> dict[int, Launch]:
     P = P[P["seq"].isin(want)].sort_values(["seq", "i", "at"], kind="stable")
     hosts = host_ranges(dump)
     by: dict[int, list] = {}
-    cols = ("i", "size", "at", "word", "value", "is_ptr", "alloc_base", "alloc_size", "hex")
+    cols = ("i", "size", "at", "word", "value", "is_ptr", "alloc_base", "alloc_size", "hex", "off")
     for row in zip(P["seq"].to_numpy(), *(P[c].to_numpy() for c in cols)):
         by.setdefault(int(row[0]), []).append(row[1:])
     out = {}
     for r in L.itertuples(index=False):
         params, words, host = [], [], []
-        for i, size, at, word, value, is_ptr, base, asize, hx in by.get(int(r.seq), []):
-            i, size, at, value = int(i), int(size), int(at), int(value)
+        for i, size, at, word, value, is_ptr, base, asize, hx, off in by.get(int(r.seq), []):
+            i, size, at, value, off = int(i), int(size), int(at), int(value), int(off)
             if not word:
                 raw = bytes.fromhex(hx) if isinstance(hx, str) and hx else None
                 if raw is None and not is_ptr and 0 < size < 8 and size not in (1, 4):
                     # a small by-value type (a 2-byte fill value, a 3/5/6/7-byte struct): the
                     # frames keep bytes as hex only past 8 bytes; below, `value` holds them
                     raw = value.to_bytes(8, "little")[:size]
-                params.append(Param(i, size, value, raw, bool(is_ptr) and size == 8))
+                if raw is None and not is_ptr and 0 < size <= 8 and off % size:
+                    raw = value.to_bytes(8, "little")[:size]      # a struct of smaller members (Param.aligned)
+                params.append(Param(i, size, value, raw, bool(is_ptr) and size == 8, off))
                 if is_ptr:
                     words.append(Word(i, 0, value, int(base), int(asize)))
                 elif size == 8 and _hostlike(value, hosts):
