@@ -172,7 +172,7 @@ def _table(results, forwards, ceil=None) -> None:
     c.print(t)
     ok = [r for r in results if r.status == "ok"]
     graph = sum(r.time_us_graph or 0.0 for r in ok)
-    c.print(f"{len(ok)} of {len(results)} replayed; kernel time sum {sum(r.time_us for r in ok):.1f} µs alone, "
+    c.print(f"{len(ok)} of {len(results)} replayed; kernel time sum {sum(r.time_us or 0.0 for r in ok):.1f} µs alone, "
             f"{graph:.1f} µs back to back in graphs; {sum(r.status == 'missing' for r in results)} without a "
             f"cubin or layout, {sum(r.status in ('fault', 'error') for r in results)} failed")
     if ceil is not None:
