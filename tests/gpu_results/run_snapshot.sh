@@ -85,8 +85,13 @@ print("\n".join(snap.lines()))
 print("end:", json.dumps(snap.end))
 graphs = [json.loads(x) for x in (d.source.parent / "graphs.jsonl").read_text().splitlines() if x.strip()]
 ends = [g for g in graphs if g["event"] == "capture_end"]
-if ends and any(e["seq_last"] is not None and e["seq_last"] >= snap.seq_before for e in ends):
-    print("PROBLEM the snapshot was taken before a capture ended (seq_before", snap.seq_before, ")"); bad += 1
+# inside a capture: a capture made launch records on both sides of the snapshot (one that began after it,
+# seq_first >= seq_before, is not; the probe's signal can land before torch's own pre-capture launches)
+inside = [e for e in ends if e["seq_first"] is not None and e["seq_first"] < snap.seq_before <= e["seq_last"]]
+if inside:
+    print("PROBLEM the snapshot was taken inside a capture (seq_before", snap.seq_before, "in",
+          [(e["seq_first"], e["seq_last"]) for e in inside], ")"); bad += 1
+print("captures:", [(e["seq_first"], e["seq_last"]) for e in ends], "snapshot before seq", snap.seq_before)
 for name, t in tensors.items():
     data = snap.read(t["ptr"], t["bytes"])
     if data is None:

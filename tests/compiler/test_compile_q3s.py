@@ -1,0 +1,94 @@
+"""`mine compile` on q3s with the data flow and contents an in-order replay measured on the H200.
+
+tests/fixtures/compile/q3s: vLLM 0.26 eager serving compare.record_vllm's five seeded requests (1, 23,
+77, 190 and 6 prompt tokens, 8 new each) on a seeded 3-layer Qwen3 (hidden 256, vocab 8192),
+captured on the H200 (2026-12-01) with every copy's and host pointee's bytes and a start-up
+snapshot (left out of the fixture: the weights' bytes). Every cubin but cuBLAS's is in it, so the
+offline ABI check covers every kernel the manifest launches. tests/gpu_results/compile_q3s holds what
+`mine replay --forward 14 --in-order` measured there (flow of decode forward 14, contents of
+forwards 10-14) and kern running `mine gen qwen3`'s manifest of the same capture (40 of 40 steps
+within the margins).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+
+import pytest
+from paths import FIXTURES, ROOT
+
+from compiler.compile import compile_dump
+from manifests.kern_oracle import quiet_stderr, verdict
+from manifests.verify import verify
+
+FIX = FIXTURES / "compile"
+RES = ROOT / "tests" / "gpu_results" / "compile_q3s"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("q3s")
+    for name, src in (("flow.json", RES / "flow14.json.xz"), ("contents.json", RES / "contents.json.xz"),
+                      ("ref.json", FIX / "q3s.ref.json.xz")):
+        (tmp / name).write_bytes(lzma.decompress(src.read_bytes()))
+    res = compile_dump(FIX / "q3s.tar.xz", tmp / "out", analysis=tmp / "flow.json", contents=tmp / "contents.json",
+                       requests=tmp / "ref.json", config=FIX / "q3s.config.json", cache=False)
+    return res, tmp / "out"
+
+
+def test_verified_by_both_and_the_abi_check_covers_every_kernel(compiled):
+    res, out = compiled
+    m = res.manifest
+    assert verify(m) == []
+    with quiet_stderr():
+        v = verdict(out / "manifest.json")
+    assert v.accepted, v.violations[:3]
+    # compile_dump ran the offline ABI check over every cubin in kernels/ (it raises on a finding); the
+    # modules it could not check are the two ATen fatbins (10 and 19 MB) the device's packing left
+    # out, and the notes say how many
+    launched = {ln["module"] for op in m["ops"].values() for ln in op["impl"].get("launches", []) if "module" in ln}
+    absent = {k for k in launched if not (out / "kernels" / m["modules"][k]["source"]).is_file()}
+    assert len(launched) >= 8 and len(absent) <= 2
+    assert any(f"{len(absent)} of {len(m['modules'])} modules have no cubin" in n for n in res.notes) or not absent
+
+
+def test_an_unaligned_8_byte_param_is_a_byte_pack(tmp_path):
+    """ATen's TrivialOffsetCalculator: 8 bytes at offset 28 of the copy kernel; as an i64 kern would
+    put it at 32 (the ABI check found that on this capture). Without the measured flow the copy
+    kernel stays in the programs (it casts the staged token ids), so this compile launches it."""
+    m = compile_dump(FIX / "q3s.tar.xz", tmp_path / "o", config=FIX / "q3s.config.json", cache=False).manifest
+    seen = 0
+    for op in m["ops"].values():
+        for ln in op["impl"].get("launches", []):
+            if "direct_copy_kernel_cuda" in ln.get("entry", "") and len(ln["params"]) > 5:
+                seen += 1
+                assert ln["params"][5] == "bytes<8>"
+    assert seen
+
+
+def test_the_engines_device_staging_is_left_out_and_its_outputs_are_inputs(compiled):
+    res, _ = compiled
+    m, prov = res.manifest, res.provenance
+    assert any("stage inputs on the device" in n for n in res.notes)
+    for prog in ("decode", "prefill"):
+        sites = [c["site"] for c in prov["programs"][prog]["calls"]]
+        assert not [s for s in sites if re.match(r"_(prepare_pos_seq_lens|compute_slot_mappings)_kernel", s)]
+        staged = {s for _, s in prov["programs"][prog]["staging"]}
+        assert {"_prepare_pos_seq_lens_kernel", "_compute_slot_mappings_kernel"} <= staged
+    b = m["buffers"]
+    # the staging kernels' outputs, named from the replayed contents: the rotary kernel's positions
+    # and the KV writer's slots (i64, as vLLM keeps them), bounded as kern wants
+    assert b["position"]["fill"] == "position" and b["position"]["dtype"] == "i64"
+    assert b["position"]["domain"] == {"min": 0, "max": 40959}
+    assert b["slot"]["fill"] == "slot" and b["slot"]["domain"] == {"index_into": "state.0"}
+    users = {a.get("buf") for p in m["programs"].values() for c in p["calls"] for a in c["args"] if isinstance(a, dict)}
+    assert {"position", "slot"} <= users
+
+
+def test_each_program_ends_at_its_logits(compiled):
+    m = compiled[0].manifest
+    for prog in ("decode", "prefill"):
+        assert m["buffers"][f"{prog}.out"]["shape"] == [1, 8192]
+        assert m["programs"][prog]["calls"][-1]["op"] == "gemm"
