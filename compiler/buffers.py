@@ -196,9 +196,22 @@ def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], d
         us = all_uses[p.name]
         wrote: list[tuple[int, int]] = []         # [lo, hi) addresses written so far
         ws: dict[int, list[Use]] = {}
+        read_in: dict[int, int] = {}              # input address -> the widest extent read as the input
+        ended: dict[int, int] = {}                # input address -> the call whose write ended the input's life
         for u in us:
             ext = u.extent if u.extent is not None else spans[u.value]
             d = dec.get(u.value)
+            if d is not None and d.kind == "input":
+                # an engine's allocator reuses a freed input's bytes: once a call overwrites the whole
+                # input (or writes it before any read), later words there hold another value, a
+                # workspace's; only an in-place update (inout) keeps it the input's
+                if u.value not in ended and u.direction == "out" and ext >= read_in.get(u.value, 0):
+                    ended[u.value] = u.step
+                if u.value in ended:
+                    d = Decision("workspace", f"the bytes of an input the program no longer needs: call "
+                                              f"{ended[u.value]} overwrote them")
+                else:
+                    read_in[u.value] = max(read_in.get(u.value, 0), ext)
             covered = any(lo <= u.value < hi for lo, hi in wrote)
             if d is None and not covered and u.direction == "in":
                 d = dec[u.value] = Decision("input", f"first used by a measured read that no earlier call wrote "

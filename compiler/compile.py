@@ -124,7 +124,8 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
     layouts, decls = buffers.layout(progs, doc)
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents)
-    assigned = input_fills.assign(decls, progs, fwds)
+    floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)
+    assigned = input_fills.assign(decls, progs, fwds, floats)
     notes += input_fills.merge(decls, layouts, assigned)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)

@@ -92,12 +92,18 @@ class Assigned:
     because: str
 
 
-def assign(decls: dict, progs, fwds: list[ForwardInputs]) -> list[Assigned]:
-    """Fill and dtype onto the input declarations (module docstring); returns one record per input."""
+def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = frozenset()) -> list[Assigned]:
+    """Fill and dtype onto the input declarations (module docstring); returns one record per input.
+    `floats`: declarations a GEMM reads or writes as a bf16 operand; an integer fill is never theirs
+    (an engine's allocator put the staged integers and a float activation at one address)."""
     at = {fi.forward: fi for fi in fwds}
     out = []
     for d in decls.values():
         if d.kind not in ("input", "inout"):
+            continue
+        if d.name in floats:
+            out.append(Assigned(d.name, None, None, "a GEMM reads it as a bf16 operand: an activation, not a "
+                                                    "kern fill"))
             continue
         start = d.base + d.lo
         names: Counter = Counter()
@@ -168,7 +174,13 @@ def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> s
         parts = ([f"{no_bytes} copy(ies) without kept bytes (over MINE_CAPTURE_COPY_BYTES)"] if no_bytes else [])
         parts += [f"{why} (x{n})" for why, n in unnamed.most_common(2)]
         return "not named: " + "; ".join(parts)
-    (fill, dtype), _ = names.most_common(1)[0]
+    (fill, dtype), n = names.most_common(1)[0]
+    other = sum(k for why, k in unnamed.items() if f" {fill} match" not in why)
+    if other > n:
+        # an engine's allocator reuses the address: what the named copy held is one tensor's, the
+        # other forwards' bytes there are another's
+        return (f"only {n} of {n + other} arrays at its first byte name {fill}; the others name nothing of it "
+                f"(the engine puts other data at this address in other forwards)")
     if d.kind == "inout":
         return f"its copies hold {fill}, but a call writes it later (kind inout): kern puts a fill on an input only"
     if d.size % DTYPE_BYTES[dtype]:
