@@ -137,7 +137,8 @@ def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
         contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))
         Console().print(f"wrote {contents_out} ({len(fr.contents)} words)")
     _table(fr.results, forwards)
-    Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.skipped)} could "
+    Console().print(f"in order from launch {fr.window[0]} to {fr.window[1]}: {fr.ran} ran, {len(fr.on_host)} cuBLASLt "
+                    f"launches computed on the host, {len(fr.skipped)} could "
                     f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "
                     f"({fr.copies_without_bytes} copies kept without bytes)")
     for w in fr.warnings:

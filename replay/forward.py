@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from replay import flow as FL
+from replay import host_gemm
 from replay.gpu import CudaError
 from replay.memory import Memory, blind_copies, copy_writes, pointee_writes, timeline
 from replay.plan import LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
@@ -49,6 +50,7 @@ class ForwardReplay:
     results: list[LaunchResult]            # the target launches, in order
     window: tuple[int, int]                # first and last seq replayed
     ran: int = 0                           # launches of the window that ran
+    on_host: list[int] = field(default_factory=list)   # cuBLASLt launches computed on the host (replay.host_gemm)
     skipped: list[tuple[int, str]] = field(default_factory=list)   # (seq, why): could not run
     # window launches that faulted on the rebuilt bytes: (seq, driver error, the launches left out
     # earlier in the window that were given one of its buffers: their output, never computed, is
@@ -362,6 +364,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     blind = blind_copies(copies)
     blind_hit: set[int] = set()
     mem = Memory()
+    gemms = host_gemm.find(dump, window)
     allocs = allocations(dump)
     P = dump.params
     P = P[P["is_ptr"].to_numpy() & (P["seq"].to_numpy() >= window[0]) & (P["seq"].to_numpy() <= window[-1])]
@@ -390,6 +393,15 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 why = plan.missing
             if contents_bytes and plan is not None:
                 _record(out.contents, plan, seq, spans or [], seen_in, mem, contents_bytes)
+            g = gemms.get(seq)
+            if why and g is not None:
+                if g.seq == seq:             # its split-K reduction, if any, is computed with it
+                    host_gemm.run(g, mem)
+                out.on_host.append(seq)
+                if seq in want:
+                    out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing",
+                                                    f"{why}; computed on the host (cuBLASLt GEMM)", fill="forward"))
+                continue
             if why:
                 out.skipped.append((seq, why))
                 for v in ptr_values.get(seq, ()):

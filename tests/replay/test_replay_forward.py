@@ -75,7 +75,9 @@ def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
     assert fr.window == (start, targets[-1])
     ran = [p.seq for p, _, _ in log]
     assert ran == sorted(ran) and len(ran) == fr.ran
-    assert {s for s, _ in fr.skipped} | set(ran) == {s for s in q2b.launches["seq"] if start <= s <= targets[-1]}
+    assert {s for s, _ in fr.skipped} | set(ran) | set(fr.on_host) == {s for s in q2b.launches["seq"]
+                                                                       if start <= s <= targets[-1]}
+    assert fr.on_host and not set(fr.on_host) & (set(ran) | {s for s, _ in fr.skipped})
     assert all("cubin" in why or "layout" in why for _, why in fr.skipped)
     assert [r.seq for r in fr.results] == targets
     # q2b's copy log kept vLLM's 4,100-byte query-offset copies without bytes: said, not hidden
@@ -84,6 +86,8 @@ def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
     # the bytes of the newest copy before a launch are what the launch is given, except a byte a
     # launch of the window wrote since (the CPU model writes each launch's first region's byte 0)
     cw = timeline(copy_writes(q2b.copies)[0])
+    from replay.host_gemm import find
+    gemm_out = [g for s, g in find(q2b, sorted(set(fr.on_host))).items() if s == g.seq]
     marks = [(q.seq, q.regions[0].alloc_base + q.regions[0].start) for q, _, _ in log]
     checked = 0
     for p, init, _ in log:
@@ -100,6 +104,11 @@ def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
                 hit = [a - w.addr for sq, a in marks if sq < p.seq and w.addr <= a < w.addr + len(w.data)]
                 keep = np.ones(len(want), bool)
                 keep[hit] = False
+                for g in gemm_out:          # and the GEMMs computed on the host since the copy
+                    if w.seq_before <= g.seq < p.seq:
+                        a, b = max(g.c, w.addr), min(g.c + g.m * g.n * 2, w.addr + len(w.data))
+                        if a < b:
+                            keep[a - w.addr:b - w.addr] = False
                 assert np.array_equal(got[keep], want[keep]), (p.seq, hex(w.addr))
                 checked += 1
     assert checked > 0
@@ -220,3 +229,51 @@ def test_contents_record_each_address_once_per_forward(q2b, tmp_path):
     p.write_text('{"format": "other"}')
     with pytest.raises(UsageError, match="not a mine-replay-contents/1 file"):
         C.read(p)
+
+
+# -- cuBLASLt GEMMs computed on the host (replay.host_gemm) --------------------------------------
+
+def test_bf16_round_trip_and_rounding():
+    from replay.host_gemm import to_bf16, to_f32
+
+    v = np.array([1.0, -2.5, 3.140625, 1e-3, 65504.0, np.inf, -0.0], np.float32)
+    back = to_f32(to_bf16(v))
+    assert back[0] == 1.0 and back[1] == -2.5 and back[2] == 3.140625 and np.isinf(back[5])
+    assert abs(back[3] - 1e-3) <= 1e-3 * 2 ** -8
+    # nearest even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and rounds to 1 (even mantissa)
+    assert to_f32(to_bf16(np.array([1 + 2 ** -8], np.float32)))[0] == 1.0
+    assert to_f32(to_bf16(np.array([1 + 3 * 2 ** -8], np.float32)))[0] == 1 + 2 ** -6
+    assert np.isnan(to_f32(to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_host_gemm_is_x_times_w_transposed_in_bf16():
+    from replay.host_gemm import HostGemm, run, to_bf16, to_f32
+
+    rng = np.random.default_rng(3)
+    m, n, k = 3, 5, 7
+    x = to_f32(to_bf16(rng.standard_normal((m, k)).astype(np.float32)))
+    w = to_f32(to_bf16(rng.standard_normal((n, k)).astype(np.float32)))
+    mem = Memory()
+    mem.write(0x10000, to_bf16(x).tobytes())
+    mem.write(0x20000 + PAGE - 6, to_bf16(w).tobytes())          # across a page
+    run(HostGemm(1, None, 0x10000, 0x20000 + PAGE - 6, 0x50000, m, n, k), mem)
+    c = to_f32(mem.read(0x50000, m * n * 2)).reshape(m, n)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.allclose(c, want, rtol=2 ** -7, atol=1e-6)
+    assert not mem.read(0x50000 + m * n * 2, 16).any()           # nothing past C
+
+
+def test_real_capture_gemms_are_found_with_their_split_k(q2b):
+    """q2b's cuBLASLt launches (nvjet, some with splitKreduce): each reads as a GEMM whose operands
+    are the launch's own words; a reduction maps to the GEMM before it."""
+    from replay.host_gemm import find
+
+    seqs = q2b.launches["seq"].tolist()
+    found = find(q2b, seqs)
+    syms = dict(zip(seqs, q2b.launches["symbol"].astype(str).tolist()))
+    mains = {g.seq for g in found.values()}
+    assert len(mains) > 50 and all("nvjet" in syms[s] for s in mains)
+    for s, g in found.items():
+        assert g.m >= 1 and g.n >= 1 and g.k >= 1 and len({g.x, g.w, g.c}) == 3
+        if s != g.seq:
+            assert g.aux == s and "splitKreduce" in syms[s]
