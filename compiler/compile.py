@@ -95,13 +95,16 @@ def _dtypes(layouts: dict, decls: dict, progs) -> None:
         d.dtype = "u8" if n in odd else "bf16"
 
 
-def explain_inputs(dump, doc, requests=None, contents=None) -> tuple[list, list]:
+def explain_inputs(dump, doc, requests=None, contents=None, progs=None) -> tuple[list, list]:
     """(per-forward inputs, per-kind entries): what the host gave each forward and what it is named
     (compiler.inputs, compiler.input_fills); needs no manifest, so it runs where compiling refuses.
     `contents` (vocab.contents.Contents): what an in-order replay found at the forwards' words."""
     fwds = inputs.collect(dump, doc)
     if contents is not None:
-        inputs.add_replayed(dump, fwds, contents)
+        kept = None if progs is None else {s.forward: {st.launch.seq for st in s.steps} | {st.aux.seq for st in s.steps
+                                                                                           if st.aux is not None}
+                                           for p in progs for s in p.samples}
+        inputs.add_replayed(dump, fwds, contents, kept)
     inputs.name(fwds, requests)
     return fwds, input_fills.by_kind(fwds)
 
@@ -123,9 +126,11 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
     layouts, decls = buffers.layout(progs, doc)
     _dtypes(layouts, decls, progs)
-    fwds, entries = explain_inputs(dump, doc, requests, contents)
+    fwds, entries = explain_inputs(dump, doc, requests, contents, progs)
     floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)
     assigned = input_fills.assign(decls, progs, fwds, floats)
+    if model is not None:
+        notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned)
     notes += input_fills.merge(decls, layouts, assigned)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)

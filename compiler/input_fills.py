@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from compiler.inputs import Array, ForwardInputs
 from vocab.wire import DTYPE_BYTES
 
@@ -247,3 +249,85 @@ def merge(decls: dict, layouts: dict, assigned: list[Assigned]) -> list[str]:
     for a in assigned:
         a.name = rename.get(a.name, a.name)
     return notes
+
+
+def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], vocab: int,
+                  assigned: list[Assigned]) -> list[str]:
+    """The token input by what it indexes, with the config's vocabulary size V: the table of V
+    rows (the LM head's weight W, or a weight of V x k elements for its k), gathered by the
+    first call of a program that reads it, whose only input word is the rows' index: kern's
+    `token`. Why: a decode's token ids are the previous step's sampled ids, which an engine
+    stages on the device and an in-order replay cannot recompute (the sampler's choice among a
+    flat model's near-equal logits), so no bytes name them; what they index does. The dtype is
+    what the bytes at its first byte read as in every forward that has them: int64 where each
+    8-byte element is below V (more than one token), else int32; none known: unnamed."""
+    notes = []
+    heads = [(p, st.gemm) for p in progs for st in p.rep.steps[-1:] if st.gemm is not None and st.gemm.n == vocab]
+    if not heads:
+        return notes
+    k = heads[0][1].k
+    tables = {n for n, d in decls.items() if d.kind == "weight" and d.size == vocab * k * 2}
+    for p, g in heads:
+        lay = layouts[p.name]
+        w = lay.where.get((len(p.rep.steps) - 1,) + g.w)
+        if w is not None:
+            tables.add(w[1])
+    found: dict[str, str] = {}
+    for p in progs:
+        lay = layouts[p.name]
+        for step, st in enumerate(p.rep.steps):
+            if st.gemm is not None:
+                continue
+            names = {key[1:]: lay.where[key][1] for key in lay.where if key[0] == step}
+            if not any(n in tables for n in names.values()):
+                continue
+            ins = {n for n in names.values() if n in decls and decls[n].kind == "input"}
+            if len(ins) == 1:
+                found[ins.pop()] = f"{p.name} call {step} ({st.launch.site})"
+            break
+    byname = {a.name: a for a in assigned}
+    at = {fi.forward: fi for fi in fwds}
+    for name, where in sorted(found.items()):
+        d = decls[name]
+        if d.fill and d.fill != "token":
+            notes.append(f"input {name} indexes the vocabulary table at {where} but its bytes name it {d.fill}: "
+                         f"left as the bytes say")
+            continue
+        dtype = _index_dtype(d, progs, at, vocab)
+        if dtype is None:
+            notes.append(f"input {name} indexes the vocabulary table at {where}; no bytes tell its integer width: "
+                         f"unnamed")
+            continue
+        d.fill, d.dtype = "token", dtype
+        why = (f"the only input of {where}, the first call reading the vocabulary's {vocab}-row table; its bytes "
+               f"read as {dtype} ids below {vocab} in every forward that has them")
+        if name in byname:
+            byname[name].fill, byname[name].dtype, byname[name].because = "token", dtype, why
+        else:
+            assigned.append(Assigned(name, "token", dtype, why))
+    return notes
+
+
+def _index_dtype(d, progs, at: dict, vocab: int) -> str | None:
+    start = d.base + d.lo
+    ok = {"i64": True, "i32": True}
+    wide = False
+    for p in progs:
+        for s in p.samples:
+            fi = at.get(s.forward)
+            rows = s.tokens
+            for a in (fi.arrays if fi else []):
+                if a.data is None or not (a.dst == start if a.source == "replay" else a.dst <= start < a.dst + a.size):
+                    continue
+                raw = a.data[start - a.dst:] if a.source != "replay" else a.data
+                for dt, size in (("i64", 8), ("i32", 4)):
+                    n = min(rows, len(raw) // size)
+                    v = np.frombuffer(raw[:n * size], "<i8" if size == 8 else "<i4")
+                    if n == 0 or (v < 0).any() or (v >= vocab).any():
+                        ok[dt] = False
+                wide = wide or rows > 1
+    if ok["i64"] and wide:
+        return "i64"
+    if ok["i32"] and not ok["i64"]:
+        return "i32"
+    return None

@@ -123,17 +123,36 @@ def collect(dump, doc) -> list[ForwardInputs]:
     return out
 
 
-def add_replayed(dump, fwds: list[ForwardInputs], contents) -> None:
+def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = None) -> None:
     """The bytes an in-order replay found at each forward's pointer words (vocab.contents), as
     arrays of source `replay` on the forward whose launches hold the reading one: the inputs an
     engine builds on the device (staging kernels), which no copy holds. Matched as a prefix: a
-    word's recorded span may run past the array into whatever the engine placed next."""
+    word's recorded span may run past the array into whatever the engine placed next. `kept`
+    (forward -> the seqs of its program's launches): of an address's records in a forward, the
+    one current at the first kept launch passing it is taken (the staging kernels left out of
+    the program ran before it and wrote the forward's values); without it, the first record."""
     sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
     allocs = _allocs(dump)
+    by: dict[tuple[int, int], list] = {}
     for w in contents.words:
         fi = next((f for f in fwds if f.first <= w.seq <= f.last), None)
-        if fi is None:
-            continue
+        if fi is not None:
+            by.setdefault((fi.forward, w.addr), []).append((fi, w))
+    users: dict[int, list[int]] = {}
+    if kept:
+        P = dump.params
+        P = P[P["is_ptr"].to_numpy()]
+        want = {a for _, a in by}
+        for sq, v in zip(P["seq"].to_numpy(np.int64).tolist(), P["value"].to_numpy(np.uint64).tolist()):
+            if int(v) in want:
+                users.setdefault(int(v), []).append(sq)
+    for (forward, addr), recs in by.items():
+        recs.sort(key=lambda r: r[1].seq)
+        fi, w = recs[0]
+        mine = (kept or {}).get(forward)
+        first = min((sq for sq in users.get(addr, ()) if mine and sq in mine and sq >= w.seq), default=None)
+        if first is not None:
+            fi, w = [r for r in recs if r[1].seq <= first][-1]
         fi.arrays.append(Array("replay", w.seq, w.addr, len(w.data), f"{sym.get(w.seq, '')} param {w.i}@{w.at}",
                                w.data, [Reader(w.seq, sym.get(w.seq, ""), w.i, w.at, 0)],
                                alloc=_alloc_of(allocs, w.addr)))

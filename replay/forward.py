@@ -440,21 +440,30 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
 
 
 def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Memory, limit: int) -> None:
-    """The first-use bytes of each device word of launch `seq` in the span holding it (module
-    `vocab.contents`): up to `limit` bytes of the word's span, as memory holds them now."""
+    """The bytes of each device word of launch `seq`, in the span holding it (module
+    `vocab.contents`): up to `limit` bytes of the word's span, as memory holds them before the
+    launch runs -- at the first launch of the span that passes the address, and again at every
+    later one that finds them changed. Why again: an engine's staging kernels write a forward's
+    inputs inside the forward, before the layers read them; the first launch passing such an
+    address is the staging kernel itself, which finds the previous step's values there."""
     from vocab.contents import Word
 
     lengths = [r.length for r in plan.regions]
     word_spans = FL.spans(plan.words, lengths)
     for span in (a for a, b in spans if a <= seq <= b):    # forwards may overlap (sampling after the next's head)
-        seen = seen_in.setdefault(span, set())
+        seen = seen_in.setdefault(span, {})
         for w, sp in zip(plan.words, word_spans):
-            if plan.regions[w.region].host or w.captured in seen:
+            if plan.regions[w.region].host:
                 continue
-            seen.add(w.captured)
             n = min(limit, sp.hi - sp.lo)
-            if n > 0:
-                out.append(Word(span, seq, w.i, w.at, w.captured, mem.read(w.captured, n).tobytes()))
+            if n <= 0:
+                continue
+            now = mem.read(w.captured, n).tobytes()
+            last = seen.get(w.captured)
+            if last is not None and now[:len(last)] == last[:len(now)]:
+                continue
+            seen[w.captured] = now
+            out.append(Word(span, seq, w.i, w.at, w.captured, now))
 
 
 def _run_job(workers: _Workers, plan: LaunchPlan, init, measure: bool):

@@ -8,9 +8,13 @@ read), so no host-to-device copy holds them; only a replay that ran the staging 
 captured host bytes knows them. The compiler names a manifest input by matching those bytes
 against the requests, as it does a copy's.
 
-One record per (forward, address): the first launch of the forward that passes the address (a
-launch inside two overlapping forwards counts for both), and up to `limit` bytes from it (the word's span: to the next word into the same region, or the region's
-end), before that launch ran. `source.launches` ties the file to its capture.
+Records per (forward, address): at the first launch of the forward that passes the address (a
+launch inside two overlapping forwards counts for both), and again at every later launch of the
+forward that passes it and finds its bytes changed, up to `limit` bytes (the word's span: to the
+next word into the same region, or the region's end), before that launch ran. A reader takes the
+record current at the launch it cares about (the latest at or before it): an engine's staging
+kernels write a forward's inputs inside the forward, so the first record holds the previous
+step's values. `source.launches` ties the file to its capture.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ FORMAT = "mine-replay-contents/1"
 @dataclass
 class Word:
     forward: int               # first launch seq of the forward (the caller's span) it belongs to
-    seq: int                   # the launch that read it first in that forward
+    seq: int                   # the launch before which the bytes were read
     i: int
     at: int
     addr: int                  # the captured address the word holds

@@ -258,3 +258,36 @@ def test_q2b_explain_inputs_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mine.cli", "compile", str(Q2B), "-o", str(tmp_path / "y"),
                         "--explain-inputs", "--requests", str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "holds no requests" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_replayed_bytes_are_the_ones_current_at_the_programs_first_reader():
+    """Of an address's contents records in a forward, `add_replayed` takes the one current at the
+    first launch of the program that passes it: the staging kernels before it (left out of the
+    program) wrote the forward's values over the previous step's."""
+    from mining.analyze import analyze, document
+    from mining.load import load_dump
+    from vocab import contents as C
+
+    dump = load_dump(FIXTURES / "replay" / "q2r.tar.xz")
+    doc = document(analyze(dump))
+    fwds = inputs.collect(dump, doc)
+    fi = next(f for f in fwds if f.tokens == 1 and f.phase == "serve")
+    P = dump.params
+    P = P[P["is_ptr"] & (P["seq"] >= fi.first) & (P["seq"] <= fi.last)]
+    addr = int(P["value"].astype("uint64").iloc[len(P) // 2])
+    seqs = sorted(int(s) for s in P[P["value"].astype("uint64") == addr]["seq"])
+    if len(seqs) < 2:
+        seqs = [fi.first] + seqs
+    stale, fresh = seqs[0], seqs[-1]
+    words = [C.Word(fi.first, stale, 0, 0, addr, b"\x01" * 8), C.Word(fi.first, fresh, 0, 0, addr, b"\x02" * 8)]
+    contents = C.Contents(len(dump.launches), (fi.first, fi.last), 8, words)
+
+    def got(kept):
+        fs = inputs.collect(dump, doc)
+        inputs.add_replayed(dump, fs, contents, kept)
+        f = next(x for x in fs if x.forward == fi.forward)
+        return [a.data for a in f.arrays if a.source == "replay" and a.dst == addr]
+
+    assert got(None) == [b"\x01" * 8]                          # no program known: the first record
+    assert got({fi.forward: {fresh}}) == [b"\x02" * 8]         # the reader is the later launch
+    assert got({fi.forward: {stale}}) == [b"\x01" * 8]

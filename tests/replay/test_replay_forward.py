@@ -197,10 +197,13 @@ def test_a_capture_without_a_copy_log_is_said(offline_dump):
     assert any("no copy log" in w for w in fr.warnings) and fr.blind == []
 
 
-def test_contents_record_each_address_once_per_forward(q2b, tmp_path):
-    """`spans` + `contents_bytes`: every device address a forward's launches pass is recorded once,
-    at its first launch, with at most the limit of bytes as memory held them before that launch;
-    the file round-trips through vocab.contents and a file of another shape is one sentence."""
+def test_contents_record_each_address_at_its_first_launch_and_at_each_change(q2b, tmp_path):
+    """`spans` + `contents_bytes`: every device address a forward's launches pass is recorded at
+    its first launch, and again before each later launch of the forward that passes it and finds
+    other bytes (the echo model writes each launch's first region's byte 0, as a staging kernel
+    writes what the layers then read), with at most the limit of bytes as memory held them before
+    that launch; the file round-trips through vocab.contents and a file of another shape is one
+    sentence."""
     from mining.analyze import analyze, document
     from vocab import contents as C
     from vocab.errors import UsageError
@@ -212,15 +215,24 @@ def test_contents_record_each_address_once_per_forward(q2b, tmp_path):
     fr = replay_forward(q2b, targets, warm_start(q2b, f.forward), runner=_echo_runner([]), spans=spans,
                         contents_bytes=256)
     assert fr.contents
-    keys = [(w.forward, w.addr) for w in fr.contents]
-    assert len(keys) == len(set(keys))                        # once per forward
+    keys = [(w.forward, w.addr, w.seq) for w in fr.contents]
+    assert len(keys) == len(set(keys))
     assert all(0 < len(w.data) <= 256 for w in fr.contents)
     assert {w.forward for w in fr.contents} <= {a for a, _ in spans}
-    for w in fr.contents:                                     # the first launch of its forward to pass it
-        a, b = next(s for s in spans if s[0] == w.forward)
-        P = q2b.params
-        hits = P[(P["seq"] >= a) & (P["seq"] <= w.seq) & P["is_ptr"] & (P["value"].astype("uint64") == w.addr)]
-        assert int(hits["seq"].min()) == w.seq
+    P = q2b.params
+    by: dict = {}
+    for w in fr.contents:
+        by.setdefault((w.forward, w.addr), []).append(w)
+    again = 0
+    for (span, addr), recs in by.items():
+        a, b = next(s for s in spans if s[0] == span)
+        first = recs[0]                                        # the first launch of its forward to pass it
+        hits = P[(P["seq"] >= a) & (P["seq"] <= first.seq) & P["is_ptr"] & (P["value"].astype("uint64") == addr)]
+        assert int(hits["seq"].min()) == first.seq
+        for x, y in zip(recs, recs[1:]):                       # a later record: other bytes, a later launch
+            assert y.seq > x.seq and y.data[:len(x.data)] != x.data[:len(y.data)]
+            again += 1
+    assert again > 0
     doc = C.Contents(len(q2b.launches), fr.window, 256, fr.contents)
     p = tmp_path / "c.json"
     p.write_text(__import__("json").dumps(doc.to_json()))
