@@ -138,9 +138,12 @@ def _spans(all_words: list[tuple[int, int, int]]) -> dict[int, int]:
     return out
 
 
-def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
+def classify(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozenset()) -> tuple[dict, dict]:
     """(program name -> [Use], address -> Decision) over every program (weights and states are
-    shared by address; inputs and workspaces are decided per program, then merged)."""
+    shared by address; inputs and workspaces are decided per program, then merged). `changing`:
+    addresses whose bytes an in-order replay saw change (`vocab.contents.Contents.changing`):
+    something writes them, so they are no weight, whatever no launch of the programs shows (vLLM's
+    block table is written through a pointer its staging kernel loads from memory)."""
     stable = _stable(doc)
     all_uses = {p.name: uses(p, doc) for p in progs}
     # addresses a staging launch touches before the program's first use of them (input staging;
@@ -154,7 +157,7 @@ def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
     gemm_words = {u.value for us in all_uses.values() for u in us if u.operand}
     # a GEMM's x is its activation operand (m rows: compiler.externs): never a weight, whatever
     # role the analysis gave an address an earlier call of the layer passed it at
-    not_weight = written | {u.value for us in all_uses.values() for u in us if u.operand == "x"}
+    not_weight = written | {u.value for us in all_uses.values() for u in us if u.operand == "x"} | set(changing)
     dec: dict[int, Decision] = {}
     for p in progs:
         sites = {k: st.launch.site for k, st in enumerate(p.rep.steps)}
@@ -183,9 +186,11 @@ def classify(progs: list[Program], doc: AnalysisDoc) -> tuple[dict, dict]:
     return all_uses, dec
 
 
-def layout(progs: list[Program], doc: AnalysisDoc) -> tuple[dict[str, Layout], dict[str, Decl]]:
-    """Each program's Layout and the declarations (buffers and states) they share."""
-    all_uses, dec = classify(progs, doc)
+def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozenset()
+           ) -> tuple[dict[str, Layout], dict[str, Decl]]:
+    """Each program's Layout and the declarations (buffers and states) they share (`changing`:
+    see `classify`)."""
+    all_uses, dec = classify(progs, doc, changing)
     spans = _spans([(u.value, u.base, u.alloc_size) for us in all_uses.values() for u in us]
                    + [(w.value, w.base, w.alloc_size) for p in progs for x in p.rep.staging for w in x.words])
     decls: dict[str, Decl] = {}

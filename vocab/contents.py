@@ -45,6 +45,18 @@ class Contents:
     limit: int
     words: list[Word] = field(default_factory=list)
 
+    def changing(self) -> frozenset:
+        """Addresses whose recorded bytes differ between two records (over their common length):
+        something wrote them during the window, so they hold no weight."""
+        first: dict[int, bytes] = {}
+        out = set()
+        for w in self.words:
+            seen = first.setdefault(w.addr, w.data)
+            n = min(len(seen), len(w.data))
+            if seen[:n] != w.data[:n]:
+                out.add(w.addr)
+        return frozenset(out)
+
     def to_json(self) -> dict:
         return {"format": FORMAT, "source": {"launches": self.launches}, "window": list(self.window),
                 "limit": self.limit,

@@ -100,3 +100,24 @@ def test_each_program_ends_at_its_logits(compiled):
     for prog in ("decode", "prefill"):
         assert m["buffers"][f"{prog}.out"]["shape"] == [1, 8192]
         assert m["programs"][prog]["calls"][-1]["op"] == "gemm"
+
+
+def test_the_block_table_is_an_input_once_its_bytes_change(compiled):
+    """vLLM's block table is written through a pointer its staging kernel loads from memory, so no
+    launch of the programs shows the write and the class rule took it for a weight. The replay
+    saw its bytes change within the window (a new request's pages): it is an input now."""
+    res, _ = compiled
+    m, prov = res.manifest, res.provenance
+    for prog in ("decode", "prefill"):
+        att = next(c for c in prov["programs"][prog]["calls"] if c["site"].startswith("kernel_unified_attention"))
+        bt = next(w["to"][1] for w in att["words"] if w["param"] == 4)
+        assert m["buffers"][bt]["kind"] == "input", bt
+        assert "bind" not in m["buffers"][bt]
+
+
+def test_contents_changing_addresses():
+    from vocab.contents import Contents, Word
+
+    c = Contents(10, (0, 9), 8, [Word(0, 1, 0, 0, 0x100, b"\x01\x02"), Word(5, 6, 0, 0, 0x100, b"\x01\x02\x03"),
+                                 Word(0, 2, 0, 0, 0x200, b"\x07"), Word(5, 7, 0, 0, 0x200, b"\x08")])
+    assert c.changing() == {0x200}          # a longer record agreeing over the common bytes is no change
