@@ -101,12 +101,15 @@ def explain_inputs(dump, doc, requests=None, contents=None, progs=None) -> tuple
     `contents` (vocab.contents.Contents): what an in-order replay found at the forwards' words."""
     fwds = inputs.collect(dump, doc)
     if contents is not None:
-        kept = None if progs is None else {s.forward: {st.launch.seq for st in s.steps} | {st.aux.seq for st in s.steps
-                                                                                           if st.aux is not None}
-                                           for p in progs for s in p.samples}
-        inputs.add_replayed(dump, fwds, contents, kept)
+        inputs.add_replayed(dump, fwds, contents, None if progs is None else _kept(progs))
     inputs.name(fwds, requests)
     return fwds, input_fills.by_kind(fwds)
+
+
+def _kept(progs) -> dict[int, set[int]]:
+    """forward -> the launch seqs its program kept (each call's launch and split-K reduction)."""
+    return {s.forward: {x.seq for st in s.steps for x in (st.launch, st.aux) if x is not None}
+            for p in progs for s in p.samples}
 
 
 def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional[list] = None,

@@ -116,8 +116,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
             for s in p.samples:
                 fi = at.get(s.forward)
                 for a in (fi.arrays if fi else []):
-                    if a.source not in ("copy", "replay") or not (a.dst == start if a.source == "replay"
-                                                                  else a.dst <= start < a.dst + a.size):
+                    if not _at(a, start):
                         continue
                     seen += 1
                     m = a.named
@@ -149,6 +148,14 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
         out.append(Assigned(d.name, fill, dtype, f"{n} array(s) at its first byte in the program's forwards "
                                                  f"are named {fill} ({dtype}); none names another fill"))
     return out
+
+
+def _at(a: Array, start: int) -> bool:
+    """The array holds the bytes at device address `start`: a copy covering it, or a replayed
+    word's bytes recorded at exactly that address (its span may run past the buffer)."""
+    if a.source == "replay":
+        return a.dst == start
+    return a.source == "copy" and a.dst <= start < a.dst + a.size
 
 
 AGREE = 3          # forwards whose weak matches must agree (one fill, one dtype, several values)
@@ -317,9 +324,9 @@ def _index_dtype(d, progs, at: dict, vocab: int) -> str | None:
             fi = at.get(s.forward)
             rows = s.tokens
             for a in (fi.arrays if fi else []):
-                if a.data is None or not (a.dst == start if a.source == "replay" else a.dst <= start < a.dst + a.size):
+                if a.data is None or not _at(a, start):
                     continue
-                raw = a.data[start - a.dst:] if a.source != "replay" else a.data
+                raw = a.data[start - a.dst:]
                 for dt, size in (("i64", 8), ("i32", 4)):
                     n = min(rows, len(raw) // size)
                     v = np.frombuffer(raw[:n * size], "<i8" if size == 8 else "<i4")

@@ -141,11 +141,10 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
     users: dict[int, list[int]] = {}
     if kept:
         P = dump.params
-        P = P[P["is_ptr"].to_numpy()]
-        want = {a for _, a in by}
-        for sq, v in zip(P["seq"].to_numpy(np.int64).tolist(), P["value"].to_numpy(np.uint64).tolist()):
-            if int(v) in want:
-                users.setdefault(int(v), []).append(sq)
+        vals = P["value"].to_numpy(np.uint64)
+        hit = P["is_ptr"].to_numpy() & np.isin(vals, np.fromiter((a for _, a in by), np.uint64))
+        for sq, v in zip(P["seq"].to_numpy(np.int64)[hit].tolist(), vals[hit].tolist()):
+            users.setdefault(int(v), []).append(sq)
     for (forward, addr), recs in by.items():
         recs.sort(key=lambda r: r[1].seq)
         fi, w = recs[0]

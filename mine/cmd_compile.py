@@ -21,8 +21,9 @@ def compile_cmd(
     analysis: Optional[Path] = typer.Option(None, "--analysis", help="The capture's analysis (`mine analyze --json`, "
                                             "or `mine replay --flow-out` with measured data flow); computed when omitted."),
     config: Optional[Path] = typer.Option(None, "--config", help="The checkpoint's config.json (default: the one in "
-                                          "--weights): only its vocab_size is read, so each program ends at its "
-                                          "logits (the engine's sampling is left out)."),
+                                          "--weights): only vocab_size and max_position_embeddings are read: each "
+                                          "program ends at its logits (the engine's sampling is left out) and the "
+                                          "inputs get kern domains."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder (*.safetensors) to bind the "
                                            "weight buffers to by the capture's snapshot bytes (MINE_CAPTURE_SNAPSHOT_AT; "
                                            "bytes no tensor holds go to weights/extra.safetensors)."),
