@@ -168,7 +168,7 @@ def classify(progs: list[Program], doc: AnalysisDoc, changing: frozenset = froze
             role = rec.role if rec is not None else ""
             if u.value in dec and dec[u.value].kind in ("state", "weight"):
                 continue
-            if u.operand == "w" and fixed_(rec) and u.value not in written:
+            if u.operand == "w" and (fixed_(rec) or _same_in_samples(p, u)) and u.value not in written:
                 dec[u.value] = Decision("weight", "a GEMM's weight operand (cuBLASLt ABI), one address in every "
                                                   "forward, no write seen")
                 continue
@@ -288,6 +288,17 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
                     lay.where[(v.step, v.i, v.at)] = ("buf", name, 0)
         layouts[p.name] = lay
     return layouts, decls
+
+
+def _same_in_samples(p: Program, u: Use) -> bool:
+    """The word holds one address in every forward of the program. Why beside `fixed_`: the
+    analysis keys a word by call site, and a site whose kernel another GEMM shape also picks
+    (cuBLASLt's choice per shape) collects that GEMM's addresses too; the program's own call at
+    this position does not."""
+    try:
+        return all(s.steps[u.step].launch.word(u.i, u.at).value == u.value for s in p.samples)
+    except (IndexError, KeyError, AttributeError):
+        return False
 
 
 def fixed_(rec) -> bool:

@@ -127,7 +127,12 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
     progs, notes = programs.programs(dump, doc, model.vocab if model else None)
     if not progs:
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
-    layouts, decls = buffers.layout(progs, doc, contents.changing() if contents is not None else frozenset())
+    changing = contents.changing() if contents is not None else frozenset()
+    layouts, decls = buffers.layout(progs, doc, changing)
+    cut = programs.end_at_state(progs, layouts)
+    if cut:
+        notes += cut
+        layouts, decls = buffers.layout(progs, doc, changing)
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents, progs)
     floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)

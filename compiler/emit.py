@@ -283,6 +283,9 @@ class Emitter:
         return {"size": p.size, "fields": fields}
 
 
+ROW_FILLS = ("token", "position", "slot")     # kern fills of one element per row fed
+
+
 def domains(buffers: dict, decls: dict[str, Decl], states: dict, rows_max: int, model) -> list[str]:
     """kern `domain`s onto the named inputs, from what bounds them (notes list each): the token ids
     below the config's vocabulary, positions and lengths below its max_position_embeddings, query
@@ -340,6 +343,13 @@ def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, l
         b = {"dtype": d.dtype, "shape": list(d.shape) if whole else [d.size // el], "kind": d.kind}
         if d.fill:
             b["fill"] = d.fill
+            rows_max = vars_.get(ROWS, {}).get("max", 1)
+            if d.fill in ROW_FILLS and d.kind == "input" and b["shape"] == [d.size // el] and d.size // el < rows_max:
+                # the host writes one element per row fed: the capture's touched extent (the span
+                # to the next word the engine used) can be shorter than the largest prefill
+                em.notes.append(f"input {d.name} ({d.fill}) holds one element per row: {d.size // el} grown to "
+                                f"the {rows_max} rows of the largest prefill")
+                b["shape"] = [rows_max]
         if d.kind == "weight":
             b["bind"] = [{"tensor": f"capture.{d.name}"}]
         buffers[d.name] = b

@@ -73,7 +73,9 @@ def _slot_page(v: np.ndarray, step: Step, prefix: bool) -> int | None:
     """The page size P under which v is a slot mapping of the step (in the step's order or in any
     order whose position runs fit), or None."""
     pos = np.concatenate(_positions(step))
-    if (not prefix and len(v) != len(pos)) or len(v) == 0 or len(v) > len(pos) or (v < 0).any():
+    if prefix and len(v) > len(pos):
+        v = v[:len(pos)]         # a known head: the step's slots, then whatever the buffer held past them
+    if (not prefix and len(v) != len(pos)) or len(v) == 0 or (v < 0).any():
         return None
     pos = pos[:len(v)]
     for P in PAGES[::-1]:        # the largest page size the slots agree with (a 16-token page is also 8-consistent)
@@ -131,6 +133,7 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
             out.append(Match("seq_len", dt, "exact", f"each sequence's length after {how}{part}", n, prefix))
         cu = np.concatenate(([0], np.cumsum([len(r.tokens) for r in step.runs])))
         sorted_cu = [cu[:n]] if prefix and n <= len(cu) else [cu]
+        full = v
         if prefix and n > len(cu):
             v = v[:len(cu)]      # a host buffer longer than the step's offsets: its head is compared
         ones = all(len(r.tokens) == 1 for r in step.runs)   # offsets then are an arange any such step has
@@ -149,13 +152,16 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
             out.append(Match("cu_seqlens", dt, "weak" if ones else "exact", f"the running sum of the sequences' token counts without "
                              f"its leading 0 (query end offsets: kern's cu_seqlens is 0 followed by these), {how}{part}",
                              n, prefix))
+        v = full                 # the offsets' head was for the offsets only
         P = None if any(m.dtype == dt for m in out) else _slot_page(v, step, prefix)
         if P is not None:
-            sure = "structure" if n >= 4 and not ones else "weak"
+            k = min(n, step.tokens) if prefix else n      # a known head compares the step's tokens only
+            sure = "structure" if k >= 4 and not ones else "weak"
             out.append(Match("slot", dt, sure, f"v % {P} equals each token's position % {P} and runs are consecutive "
-                             f"inside {P}-token pages over {n} token(s), {how}{part}", n, prefix, P))
-        if not prefix and not any(m.dtype == dt for m in out):
-            b = _blocks(v, step, None)
+                             f"inside {P}-token pages over {k} token(s), {how}{part}", k, prefix, P))
+        if not any(m.dtype == dt and m.sure != "weak" for m in out):
+            # a known head of one sequence is its row; of several, the row width is unknown
+            b = _blocks(v, step, None) if not prefix or len(step.runs) == 1 else None
             if b is not None:
                 out.append(Match("blocks", dt, "weak", f"reads as [{len(step.runs)}, {b[1]}] with each sequence's "
                                  f"ceil(len / {b[0]}) leading entries distinct, {how}", n, prefix, b[0]))

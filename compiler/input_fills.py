@@ -110,6 +110,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
         start = d.base + d.lo
         names: Counter = Counter()
         seen, no_bytes, unnamed = 0, 0, Counter()
+        loose: list[set] = []          # per untrusted array of a known step: the fills it weakly fits
         weak: dict = {}                # (fill, dtype) -> {forward: the array's first bytes}
         pages: Counter = Counter()     # the page size P of its slot / blocks matches
         for p in progs:
@@ -120,14 +121,21 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
                         continue
                     seen += 1
                     m = a.named
-                    if m is not None and m.page:
-                        pages[m.page] += 1
+                    if m is not None and m.page and m.sure in TRUSTED:
+                        pages[m.page] += 1       # a weak match's page is one of several that fit
                     if a.data is None:
                         no_bytes += 1
                     elif m is None or m.sure not in TRUSTED:
                         unnamed[a.note or f"only a {m.sure} {m.fill} match"] += 1
-                        if m is not None and m.sure == "weak" and len(a.matches) == 1:
-                            weak.setdefault((m.fill, m.dtype), {})[s.forward] = a.data[:DTYPE_BYTES[m.dtype]]
+                        if fi.step is not None:      # without a step the bytes say nothing either way
+                            loose.append({x.fill for x in a.matches})
+                        if m is not None and m.sure == "weak" and len({x.fill for x in a.matches}) == 1:
+                            wide = max(a.matches, key=lambda x: DTYPE_BYTES[x.dtype])
+                            one = fi.step is not None and len(fi.step.runs) == 1
+                            if len(a.matches) == 1 or one:
+                                # several widths read one value (the bytes past it are zero): with
+                                # one sequence the widest fill writes what any of those readers expects
+                                weak.setdefault((m.fill, wide.dtype), {})[s.forward] = a.data[:DTYPE_BYTES[wide.dtype]]
                     else:
                         names[(m.fill, m.dtype)] += 1
         d.page = pages.most_common(1)[0][0] if pages else None
@@ -139,7 +147,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
                                                      f"program's forwards name it {fill} ({dtype}) and nothing else, "
                                                      f"over {k} different values"))
             continue
-        why = _why_not(d, seen, no_bytes, unnamed, names)
+        why = _why_not(d, seen, no_bytes, unnamed, names, loose)
         if why:
             out.append(Assigned(d.name, None, None, why))
             continue
@@ -173,7 +181,7 @@ def _agreed(weak: dict):
     return (key, len(per), k) if len(per) >= AGREE and k >= 2 else None
 
 
-def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> str:
+def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter, loose: list[set]) -> str:
     if not seen:
         return "no host-to-device copy of the program's forwards writes it (staged on the device, or no copy log)"
     if len(names) > 1:
@@ -184,7 +192,7 @@ def _why_not(d, seen: int, no_bytes: int, unnamed: Counter, names: Counter) -> s
         parts += [f"{why} (x{n})" for why, n in unnamed.most_common(2)]
         return "not named: " + "; ".join(parts)
     (fill, dtype), n = names.most_common(1)[0]
-    other = sum(k for why, k in unnamed.items() if f" {fill} match" not in why)
+    other = sum(1 for fits in loose if fill not in fits)   # bytes of a known step the fill does not fit
     if other > n:
         # an engine's allocator reuses the address: what the named copy held is one tensor's, the
         # other forwards' bytes there are another's

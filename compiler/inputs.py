@@ -130,7 +130,8 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
     word's recorded span may run past the array into whatever the engine placed next. `kept`
     (forward -> the seqs of its program's launches): of an address's records in a forward, the
     one current at the first kept launch passing it is taken (the staging kernels left out of
-    the program ran before it and wrote the forward's values); without it, the first record."""
+    the program ran before it and wrote the forward's values), and an address no kept launch
+    passes is left out (only staging reads it); without `kept`, the first record."""
     sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
     allocs = _allocs(dump)
     by: dict[tuple[int, int], list] = {}
@@ -152,6 +153,10 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
         first = min((sq for sq in users.get(addr, ()) if mine and sq in mine and sq >= w.seq), default=None)
         if first is not None:
             fi, w = [r for r in recs if r[1].seq <= first][-1]
+        elif mine:
+            # only launches the program leaves out (staging) pass it: no input of the program, and
+            # its first record is the previous step's bytes, which would name the wrong step
+            continue
         fi.arrays.append(Array("replay", w.seq, w.addr, len(w.data), f"{sym.get(w.seq, '')} param {w.i}@{w.at}",
                                w.data, [Reader(w.seq, sym.get(w.seq, ""), w.i, w.at, 0)],
                                alloc=_alloc_of(allocs, w.addr)))
@@ -267,13 +272,13 @@ def _by_order(fwds: list[ForwardInputs], steps) -> None:
 def _blocks_with_slots(fi: ForwardInputs, a: Array) -> None:
     """A weak blocks match becomes `structure` when the forward's slot array agrees with it."""
     m = a.named
-    if m is None or m.fill != "blocks" or fi.step is None:
-        return
+    if m is None or m.fill != "blocks" or fi.step is None or fi.step.tokens < 2:
+        return          # one token's slot fits several page sizes: it pins none
     for b in fi.arrays:
         s = b.named
-        if s is not None and s.fill == "slot" and not s.prefix and b.data:
+        if s is not None and s.fill == "slot" and b.data and (not s.prefix or s.elements == fi.step.tokens):
             v = fills.arrays(a.data)[m.dtype]
-            slots = fills.arrays(b.data)[s.dtype]
+            slots = fills.arrays(b.data)[s.dtype][:fi.step.tokens]
             for page in fills.PAGES[::-1]:
                 if fills.check_blocks(v, fi.step, slots, page):
                     a.matches[0] = fills.Match("blocks", m.dtype, "structure", m.because + f"; every token's slot // "

@@ -182,6 +182,31 @@ def cut_at_logits(steps: list[Step], vocab: int | None) -> tuple[list[Step], lis
     return steps[:last + 1], steps[last + 1:]
 
 
+def end_at_state(progs: list[Program], layouts: dict) -> list[str]:
+    """Cut each multi-row (prefill) program after its last call that touches a state, in place;
+    returns a note per cut. Why: a serving loop on kern prefills a prompt but its last token and
+    takes that token's logits from the decode program (compare.host, the examples), so what a
+    prefill forward computes after its last KV access only feeds the engine's own sampling of
+    the prompt's last row -- and it reads what no kern fill holds (vLLM's logits_indices, the
+    last row of each sequence). `layouts`: compiler.buffers' per program, to see the states."""
+    notes = []
+    for p in progs:
+        if p.name != "prefill":
+            continue
+        lay = layouts[p.name]
+        touched = [k for (k, _i, _at), (kind, _n, _off) in lay.where.items() if kind == "state"]
+        if not touched or max(touched) >= len(p.rep.steps) - 1:
+            continue
+        keep = max(touched) + 1
+        for s in p.samples:
+            s.tail = [x for st in s.steps[keep:] for x in (st.launch, st.aux) if x is not None] + s.tail
+            s.steps = s.steps[:keep]
+        notes.append(f"prefill: each forward ends at its last state access (call {keep - 1}); the "
+                     f"{len(p.rep.tail)} launches after it feed only the prompt's own logits, which the serving "
+                     f"loop takes from decode")
+    return notes
+
+
 def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Program], list[str]]:
     """The decode and prefill programs of the capture, and notes on what was left out (`vocab`:
     the checkpoint's vocabulary size: each forward ends at its logits, `cut_at_logits`)."""

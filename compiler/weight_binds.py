@@ -5,7 +5,7 @@ Why: a compiled manifest's weights are address ranges of the capture (compiler/b
 loads a weight buffer by laying checkpoint tensor segments end to end (kern-manifest.md 2.3). The
 snapshot (mining/snapshot.py) holds the range's bytes; `compiler.weights.bind` explains them as
 pieces of tensors and gaps. Here each piece becomes segments in kern's view of a tensor as a
-matrix [dim0, product(rest)]: the whole tensor, a `rows` range, or a partial row (`rows` [r, r+1]
+matrix [dim0, product(rest)] (a 1-D tensor: one row): the whole tensor, a `rows` range, or a partial row (`rows` [r, r+1]
 and `cols`), in elements; a piece that cannot be said so (not whole elements, or its tensor's dtype
 is not the buffer's: the engine converted it, or the bytes agree by chance) and every gap are
 bytes of the buffer's own dtype in `weights/extra.safetensors` (tensors `mine.extra.<buffer>.<k>`),
@@ -59,7 +59,9 @@ def segments(t, start: int, length: int) -> Optional[list[dict]]:
         return None
     if start == 0 and length == total:
         return [{"tensor": t.name}]
-    cols = math.prod(t.shape[1:]) if len(t.shape) > 1 else 1
+    # kern views a 1-D (or 0-D) tensor as one row of all its elements (kern-llm: "rows [0, 64)
+    # outside the tensor's 1" for a [256] norm weight bound by rows, seen on the H200)
+    cols = math.prod(t.shape[1:]) if len(t.shape) > 1 else max(1, math.prod(t.shape))
     a, b = start // el, (start + length) // el
     r0, c0 = divmod(a, cols)
     r1, c1 = divmod(b, cols)

@@ -141,17 +141,23 @@ def test_q3d_default_mode_is_refused_with_one_sentence():
     assert "\n" not in str(exc.value)
 
 
-def test_simulated_dump_random_seed_is_refused(tmp_path):
+def test_simulated_dump_random_seed_is_named(tmp_path):
     """Known truth: the simulator's sampling kernel takes a fresh random u64 seed every forward
-    (dumpsim), which no expression of the token count gives: the compiler names it."""
+    (dumpsim), which no expression of the token count gives: the compiler names it. The prefill
+    program ends at its last KV access (programs.end_at_state), so its sampler is left out; the
+    decode program keeps it and says which word varies and which forward's value it took."""
     from dumpsim import SimConfig, simulate
     from mining.analyze import analyze, document
     from mining.load import load_dump
 
     pid, _ = simulate(tmp_path / "sim", SimConfig(extra_pid=False))
     dump = load_dump(pid, cache=False)
-    with pytest.raises(CompileError, match="argmax_sample_kernel.*param2"):
-        compile_capture(dump, document(analyze(dump)))
+    res = compile_capture(dump, document(analyze(dump)))
+    assert any(n.startswith("decode call") and "argmax_sample_kernel" in n and "param2: differs between forwards"
+               in n for n in res.notes), res.notes
+    assert any(n.startswith("prefill: each forward ends at its last state access") for n in res.notes)
+    prefill = res.manifest["programs"]["prefill"]["calls"]
+    assert not any("argmax_sample" in c["op"] for c in prefill)
 
 
 def _nvjet(m: int, n: int, k: int, split: bool = False) -> tuple[Launch, Launch | None]:

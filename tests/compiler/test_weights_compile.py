@@ -51,8 +51,9 @@ def _assemble(segs: list[dict], files) -> bytes:
         with open(t.file, "rb") as f:
             f.seek(t.begin)
             raw = np.frombuffer(f.read(t.end - t.begin), np.uint8)
-        rows = t.shape[0] if t.shape else 1
-        cols = math.prod(t.shape[1:]) if len(t.shape) > 1 else 1
+        # kern's view: [dim0, product(rest)], a 1-D tensor one row of all its elements
+        rows = t.shape[0] if len(t.shape) > 1 else 1
+        cols = math.prod(t.shape[1:]) if len(t.shape) > 1 else max(1, math.prod(t.shape))
         mat = raw.reshape(rows, cols * el)
         r0, r1 = s.get("rows", [0, rows])
         c0, c1 = s.get("cols", [0, cols])
@@ -185,6 +186,15 @@ def test_segments_of_a_piece_across_rows():
                                       {"tensor": "x", "rows": [2, 3]}, {"tensor": "x", "rows": [3, 4], "cols": [0, 1]}]
     assert WB.segments(t, 2, 4) == [{"tensor": "x", "rows": [0, 1], "cols": [1, 3]}]
     assert WB.segments(t, 1, 4) is None and WB.segments(Tensor("y", "F64", (2,), None, 0, 16), 0, 16) is None
+
+
+def test_segments_of_a_vector_are_columns_of_its_one_row():
+    """kern views a 1-D tensor as one row: a piece of a [256] norm weight is cols of row 0 (kern-llm
+    refused rows [0, 64) of such a tensor on the H200: "outside the tensor's 1" rows)."""
+    v = Tensor("norm", "BF16", (256,), None, 0, 512)
+    assert WB.segments(v, 0, 512) == [{"tensor": "norm"}]
+    assert WB.segments(v, 0, 128) == [{"tensor": "norm", "rows": [0, 1], "cols": [0, 64]}]
+    assert WB.segments(v, 256, 256) == [{"tensor": "norm", "rows": [0, 1], "cols": [128, 256]}]
 
 
 # ---------------------------------------------------------------- (2) q2e, a real capture
