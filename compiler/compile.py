@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from compiler import buffers, emit, facts, graph_programs, input_fills, inputs, programs
-from compiler.errors import CompileError
+from compiler.errors import CompileError, ProgramError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
 
@@ -127,6 +127,21 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
     progs, notes = programs.programs(dump, doc, model.vocab if model else None)
     if not progs:
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
+    dropped: dict[str, str] = {}
+    while True:
+        try:
+            return _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights, contents, model)
+        except ProgramError as exc:
+            # a batched program the capture does not pin: left out, the others compile (errors.ProgramError)
+            dropped[exc.program] = str(exc)
+            progs = [p for p in progs if p.name != exc.program]
+            notes = notes + [f"{exc.program}: left out of the manifest: {exc}"]
+
+
+def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights, contents, model) -> CompileResult:
+    """compile_capture's work over a fixed set of programs (`dropped`: program -> why left out)."""
+    from manifests.verify import verify
+
     layouts, decls = buffers.layout(progs, doc, contents.changing() if contents is not None else frozenset())
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents, progs)
@@ -171,6 +186,11 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
                                                   "because": fi.step_because} for fi in fwds if fi.arrays}}
     if wb is not None:
         prov["weights"] = wb.provenance
+    if any(p.batched for p in progs):
+        # batched: each program's sequences and the fitted fields' forms (compiler.exprs)
+        prov["batched"] = {"programs": {p.name: {"kind": p.kind, "var": p.var, "seen_seqs": list(p.seen),
+                                                 "groups": p.rep.seqs} for p in progs},
+                           "left_out": dropped, "fits": em.fits}
     return CompileResult(m, prov, notes + em.notes, extras={} if wb is None else wb.extras)
 
 
