@@ -132,6 +132,17 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
         try:
             return _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights, contents, model)
         except ProgramError as exc:
+            prog = next(p for p in progs if p.name == exc.program)
+            startup = [s for s in prog.samples if s.phase != "serve"]
+            if startup and len(startup) < len(prog.samples):
+                # start-up passes (vLLM's dummy batch of max_num_seqs sequences) widen the program past
+                # the steps it serves; where that leaves a field unpinned, the serving steps alone decide
+                for s in startup:
+                    prog.left_out[s.forward] = f"a start-up pass: with it in the program, {exc}"
+                prog.samples = [s for s in prog.samples if s.phase == "serve"]
+                notes = notes + [f"{prog.name}: compiled over its serving steps only; its start-up forward(s) "
+                                 f"{[s.forward for s in startup][:8]} left it unpinned ({exc})"]
+                continue
             # a batched program the capture does not pin: left out, the others compile (errors.ProgramError)
             dropped[exc.program] = str(exc)
             progs = [p for p in progs if p.name != exc.program]
@@ -148,7 +159,7 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
     floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)
     assigned = input_fills.assign(decls, progs, fwds, floats)
     if model is not None:
-        notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned)
+        notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned, floats)
     notes += input_fills.merge(decls, layouts, assigned)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)

@@ -221,18 +221,24 @@ class Fitter:
         rmax, smax = self.limits
         span = (f"seqs 1..{smax}" if self.prog.var == SEQS else f"rows 1..{rmax} with seqs 1..min(rows, {smax})")
         texts = [F.render(e) for e in kern_ok]
+        mine = F.parse(a.expr) if a is not None and a.status == "fit" and a.expr else None
         if len(groups) == 1:
-            pick = min(kern_ok, key=_size)
-            why = ("the one form the samples allow" if len(kern_ok) == 1 else
-                   f"the simplest of {' | '.join(texts)}, which agree on every {span}")
+            if mine is not None and mine in kern_ok and len(kern_ok) > 1:
+                # equal here; the analysis' fit over every forward of the site is the one evidenced wider
+                pick = mine
+                why = (f"the analysis' fit over every forward of the site, among {' | '.join(texts)}, which agree "
+                       f"on every {span}")
+            else:
+                pick = min(kern_ok, key=_size)
+                why = ("the one form the samples allow" if len(kern_ok) == 1 else
+                       f"the simplest of {' | '.join(texts)}, which agree on every {span}")
         else:
-            mine = F.parse(a.expr) if a is not None and a.status == "fit" and a.expr else None
             hit = [g for g in groups.values() if mine is not None and mine in g]
             if not hit:
                 raise CompileError(f"{where}: the program's forwards at {self._points()} allow "
                                    f"{' or '.join(texts)}, which differ within {span}; the capture does not "
                                    f"pin which")
-            pick = min(hit[0], key=_size)
+            pick = mine
             why = f"the analysis' fit over every forward of the site ({a.expr}), among {' | '.join(texts)}"
         out = _wire(pick, self._names())
         if len(kern_ok) > 1 or self.prog.var == SEQS and "tokens" in F.render(pick):
