@@ -19,11 +19,13 @@ Sequences: a batched capture's analysis has a `seqs` variable (its `forward_vars
 are batched (compiler.programs). A batched decode has tokens == seqs in every sample, so its fields
 are fitted in `seqs` alone (a form in the tokens is the same function there); a prefill's over the
 tokens (`rows`) and the sequences (`seqs`) together (`mining.fit`'s two-variable forms). Forms the
-samples leave open that compute the same value at every (rows, seqs) the manifest admits (rows up
-to its max, seqs up to min(rows, the seqs max); decode: seqs up to the max) are one function for
-kern: the simplest is written and the note says so. Where they differ there, the analysis' fit over
-every forward of the site decides when it is among them; else the compiler refuses with one
-sentence naming the field and the candidate forms. A capture without `seqs` takes the one-variable
+samples leave open that compute the same value at every (rows, seqs) the program serves (rows up
+to its representative's tokens, seqs up to min(rows, its `batch.groups`); decode: seqs up to its
+groups) are one function for kern: the analysis' fit over every forward of the site is written when
+it is one of them (evidenced wider), else the simplest, and the note says so. Where they differ
+there, the analysis' fit decides when it is among them; else the program is refused with one
+sentence naming the field and the candidate forms (compiler.compile leaves a batched program out on
+it, errors.ProgramError). A capture without `seqs` takes the one-variable
 path below, unchanged.
 
 Fields: `grid_x|y|z`, the dynamic shared memory, and the integers a launch passes by value: a
