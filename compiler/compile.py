@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from compiler import buffers, emit, facts, graph_programs, input_fills, inputs, programs
-from compiler.errors import CompileError
+from compiler.errors import CompileError, ProgramError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
 
@@ -127,18 +127,44 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
     progs, notes = programs.programs(dump, doc, model.vocab if model else None)
     if not progs:
         raise CompileError("no decode or prefill program could be built: " + "; ".join(notes))
+    dropped: dict[str, str] = {}
+    while True:
+        try:
+            return _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights, contents, model)
+        except ProgramError as exc:
+            prog = next(p for p in progs if p.name == exc.program)
+            startup = [s for s in prog.samples if s.phase != "serve"]
+            if startup and len(startup) < len(prog.samples):
+                # start-up passes (vLLM's dummy batch of max_num_seqs sequences) widen the program past
+                # the steps it serves; where that leaves a field unpinned, the serving steps alone decide
+                for s in startup:
+                    prog.left_out[s.forward] = f"a start-up pass: with it in the program, {exc}"
+                prog.samples = [s for s in prog.samples if s.phase == "serve"]
+                notes = notes + [f"{prog.name}: compiled over its serving steps only; its start-up forward(s) "
+                                 f"{[s.forward for s in startup][:8]} left it unpinned ({exc})"]
+                continue
+            # a batched program the capture does not pin: left out, the others compile (errors.ProgramError)
+            dropped[exc.program] = str(exc)
+            progs = [p for p in progs if p.name != exc.program]
+            notes = notes + [f"{exc.program}: left out of the manifest: {exc}"]
+
+
+def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights, contents, model) -> CompileResult:
+    """compile_capture's work over a fixed set of programs (`dropped`: program -> why left out)."""
+    from manifests.verify import verify
+
     changing = contents.changing() if contents is not None else frozenset()
     layouts, decls = buffers.layout(progs, doc, changing)
     cut = programs.end_at_state(progs, layouts)
     if cut:
-        notes += cut
+        notes = notes + cut
         layouts, decls = buffers.layout(progs, doc, changing)
     _dtypes(layouts, decls, progs)
     fwds, entries = explain_inputs(dump, doc, requests, contents, progs)
     floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)
     assigned = input_fills.assign(decls, progs, fwds, floats)
     if model is not None:
-        notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned)
+        notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned, floats)
     notes += input_fills.merge(decls, layouts, assigned)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)
@@ -176,6 +202,11 @@ def compile_capture(dump, doc, label: str = "", requests=None, weights: Optional
                                                   "because": fi.step_because} for fi in fwds if fi.arrays}}
     if wb is not None:
         prov["weights"] = wb.provenance
+    if any(p.batched for p in progs):
+        # batched: each program's sequences and the fitted fields' forms (compiler.exprs)
+        prov["batched"] = {"programs": {p.name: {"kind": p.kind, "var": p.var, "seen_seqs": list(p.seen),
+                                                 "groups": p.rep.seqs} for p in progs},
+                           "left_out": dropped, "fits": em.fits}
     return CompileResult(m, prov, notes + em.notes, extras={} if wb is None else wb.extras)
 
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from compiler import builds
 from compiler.buffers import Decl, Layout
-from compiler.errors import CompileError
-from compiler.exprs import ROWS, Fitter, lanes
+from compiler.errors import CompileError, ProgramError
+from compiler.exprs import ROWS, SEQS, Fitter, lanes
 from compiler.externs import GEMM_ENTRY
 from compiler.programs import Program
 from vocab.wire import DTYPE_BYTES, EXTERN_PARAMS, SCHEMA_VERSION, pointer_type
@@ -49,7 +49,7 @@ def _signed(v: int, bits: int) -> int:
 def _arg(e, typ: str = "i32") -> dict:
     if isinstance(e, int):
         return {typ: e}
-    return {"var": ROWS} if e == ROWS else {"expr": e}
+    return {"var": e} if isinstance(e, str) else {"expr": e}
 
 
 class _Whole:
@@ -120,6 +120,7 @@ class Emitter:
         self.label = label
         self.calls_info: dict[str, list] = {}
         self.splits: dict[str, list] = {}     # program -> calls split by row range (compiler.builds)
+        self.limits: tuple[int, int] | None = None   # (rows max, seqs max): a batched fit's domain
 
     def _where(self, lay: Layout, k: int, i: int, at: int) -> tuple[dict, str]:
         u = lay.uses[(k, i, at)]
@@ -165,7 +166,7 @@ class Emitter:
         if not x.sha256:
             raise CompileError(f"{where}: the capture did not resolve the launch's module, so no sha256 pins it")
         samples = [s.steps[k].launch for s in prog.samples]
-        tokens = [s.tokens for s in prog.samples]
+        tokens = [prog.size(s) for s in prog.samples]
         try:
             parts = builds.partition(samples, tokens)
         except builds.Interleaved as exc:
@@ -194,14 +195,15 @@ class Emitter:
             if len(parts) == 1:
                 view, choose = prog, _Whole(fit, k, x.site)
             else:
-                view = Program(prog.name, [prog.samples[n] for n in b.samples])
+                view = Program(prog.name, [prog.samples[n] for n in b.samples], batched=prog.batched,
+                               kind=prog.kind)
                 if _words(view.rep.steps[k].launch) != _words(x):
                     raise CompileError(f"{where}: its builds pass pointers at other parameter places (forward "
                                        f"{view.rep.forward}), so one op's interface cannot serve them")
-                choose = _Split(fit, Fitter(view, self.doc), k, x.site, b, tokens, shared)
+                choose = _Split(fit, Fitter(view, self.doc, self.limits), k, x.site, b, tokens, shared)
             launch = self._launch(view, choose, k, where, pointer, interface, iface)
             if len(parts) > 1:
-                launch["when"] = {"var": ROWS, "min": b.when[0], **({"max": b.when[1]} if b.when[1] is not None else {})}
+                launch["when"] = {"var": prog.var, "min": b.when[0], **({"max": b.when[1]} if b.when[1] is not None else {})}
                 _same_abi(launch, launches, where)
                 fit.notes += choose.part.notes
             launches.append(launch)
@@ -316,23 +318,60 @@ def domains(buffers: dict, decls: dict[str, Decl], states: dict, rows_max: int, 
     return notes
 
 
+def limits(progs: list[Program]) -> tuple[int, int]:
+    """(rows max, seqs max) of the manifest. rows: the largest prefill forward laid out from (1
+    without prefill). seqs: the most sequences of a forward a program is laid out from: buffers
+    hold the engine's offsets in that forward (compiler.buffers), so a program serves up to its
+    representative's sequences and no more than the capture showed; the var's max is the largest
+    over the programs."""
+    pre = [p.rep.tokens for p in progs if p.kind == "prefill"]
+    return max(pre, default=1), max((p.rep.seqs for p in progs), default=1)
+
+
+def _own_limits(prog: Program) -> tuple[int, int]:
+    """(rows, seqs) a batched program serves, the domain its open forms are compared on: up to its
+    representative forward's tokens (a prefill's rows; buffers are laid out from it) and up to its
+    `batch.groups` sequences (the representative's)."""
+    return prog.rep.tokens, prog.rep.seqs
+
+
 def manifest(progs: list[Program], layouts: dict, decls: dict[str, Decl], doc, label: str,
              model=None) -> tuple[dict, Emitter]:
     em = Emitter(decls, doc, label)
     programs, fitnotes = {}, []
+    batched = any(p.batched for p in progs)
+    em.limits = limits(progs)
+    em.fits = []
     for prog in progs:
-        fit, lay, calls = Fitter(prog, doc), layouts[prog.name], []
-        for k, st in enumerate(prog.rep.steps):
-            calls.append(em.gemm(prog, fit, lay, k) if st.gemm is not None else em.kernel(prog, fit, lay, k))
-        rows = 1 if prog.name == "decode" else ROWS
-        programs[prog.name] = {"batch": {"groups": 1, "rows": rows}, "calls": calls,
-                               **({"graph": True} if prog.name == "decode" else {})}
+        em.limits = _own_limits(prog)
+        fit, lay, calls = Fitter(prog, doc, em.limits), layouts[prog.name], []
+        try:
+            for k, st in enumerate(prog.rep.steps):
+                calls.append(em.gemm(prog, fit, lay, k) if st.gemm is not None else em.kernel(prog, fit, lay, k))
+        except CompileError as exc:
+            if prog.batched and len(progs) > 1:
+                raise ProgramError(prog.name, str(exc)) from None
+            raise
+        if prog.batched:
+            # up to `groups` sequences per call: a decode's each one row, a prefill's packed into `rows`
+            batch = {"groups": prog.rep.seqs, "rows": 1 if prog.kind == "decode" else ROWS}
+            constant = not any(SEQS in json.dumps(c["args"]) or ROWS in json.dumps(c["args"]) for c in calls)
+            programs[prog.name] = {"batch": batch, "calls": calls,
+                                   **({"graph": True} if prog.kind == "decode" and constant else {})}
+        else:
+            rows = 1 if prog.name == "decode" else ROWS
+            programs[prog.name] = {"batch": {"groups": 1, "rows": rows}, "calls": calls,
+                                   **({"graph": True} if prog.name == "decode" else {})}
         fitnotes += fit.notes
+        em.fits += fit.provenance
+    em.limits = limits(progs)
     em.notes += fitnotes + builds.notes(em.splits)
     vars_ = {}
-    pre = next((p for p in progs if p.name == "prefill"), None)
-    if pre is not None:
-        vars_[ROWS] = {"max": pre.rep.tokens, "axis": "rows"}
+    pre = [p for p in progs if p.kind == "prefill"]
+    if pre:
+        vars_[ROWS] = {"max": em.limits[0], "axis": "rows"}
+    if batched:
+        vars_[SEQS] = {"max": em.limits[1], "axis": "groups"}
     buffers, states = {}, {}
     for d in decls.values():
         if d.kind == "state":

@@ -15,10 +15,18 @@ field the analysis also finds no function for over every forward of its site, is
 representative forward and listed in the notes -- never silently. A field that varies between
 forwards of one token count and that the analysis fits with the context (`ctx`) is refused.
 
-Sequences: a batched capture's analysis has a `seqs` variable (its `forward_vars`). A field the
-analysis fits with `seqs`, or that has `seqs` among its alternatives, is refused with one sentence
-naming both variables (and the program's own fit over them): the manifest this compiler writes
-declares `rows` (the tokens) only; emitting a var for the sequences is not done here.
+Sequences: a batched capture's analysis has a `seqs` variable (its `forward_vars`), and its programs
+are batched (compiler.programs). A batched decode has tokens == seqs in every sample, so its fields
+are fitted in `seqs` alone (a form in the tokens is the same function there); a prefill's over the
+tokens (`rows`) and the sequences (`seqs`) together (`mining.fit`'s two-variable forms). Forms the
+samples leave open that compute the same value at every (rows, seqs) the program serves (rows up
+to its representative's tokens, seqs up to min(rows, its `batch.groups`); decode: seqs up to its
+groups) are one function for kern: the analysis' fit over every forward of the site is written when
+it is one of them (evidenced wider), else the simplest, and the note says so. Where they differ
+there, the analysis' fit decides when it is among them; else the program is refused with one
+sentence naming the field and the candidate forms (compiler.compile leaves a batched program out on
+it, errors.ProgramError). A capture without `seqs` takes the one-variable
+path below, unchanged.
 
 Fields: `grid_x|y|z`, the dynamic shared memory, and the integers a launch passes by value: a
 whole scalar parameter (1, 4 or 8 bytes), or a 4-byte lane of a by-value struct (lanes that hold
@@ -37,49 +45,44 @@ from vocab import expr as V
 from vocab.analysis import AnalysisDoc
 
 ROWS = "rows"
+SEQS = "seqs"
 
 
-def _wire(e) -> object:
-    return V.to_wire(_rename(F._tree(e)))
+def _wire(e, names=None) -> object:
+    return V.to_wire(_rename(F._tree(e), names))
 
 
-def _rename(t):
+def _rename(t, names=None):
+    """The fit's variable names as the manifest's vars: `tokens` (any one-variable fit's) -> `rows`
+    without `names`; with it, each name mapped (a batched program: tokens -> rows, seqs -> seqs;
+    a batched decode: both -> seqs)."""
     if isinstance(t, str):
-        return ROWS
+        return ROWS if names is None else names[t]
     if isinstance(t, V.Expr):
-        return V.Expr(t.op, _rename(t.a), t.b if t.op != "add" else _rename(t.b))
+        return V.Expr(t.op, _rename(t.a, names), t.b if t.op != "add" else _rename(t.b, names))
     return t
+
+
+def _size(e) -> int:
+    """Nodes of an expression tuple: the simpler of two equal functions is the one written."""
+    t = F._tree(e)
+    return sum(1 for _ in V.walk(t)) + len(V.render(t)) / 1000.0
 
 
 class Fitter:
     """Per (call, field) constant or expression over one program's samples."""
 
-    def __init__(self, prog: Program, doc: AnalysisDoc):
+    def __init__(self, prog: Program, doc: AnalysisDoc, limits: tuple[int, int] | None = None):
+        """`limits`: (rows max, seqs max) of the manifest, the domain on which a batched program's
+        open forms are compared (default: the program's own largest sample)."""
         self.prog = prog
         self.tokens = np.array([s.tokens for s in prog.samples], np.int64)
+        self.seqs = np.array([s.seqs for s in prog.samples], np.int64)
         self.analysis = {(f.site, f.field): f for f in doc.fits}
         self.notes: list[str] = []
-        fv = doc.forward_vars
-        per = {r.forward: r.seqs for r in fv.forwards} if fv is not None and "seqs" in fv.names else {}
-        seqs = [per.get(s.forward) for s in prog.samples]
-        self.seqs = np.array(seqs, np.int64) if per and None not in seqs else None
-
-    def _sequences(self, where: str, v: np.ndarray, site: str, field: str) -> None:
-        """Refuse a field that follows the step's sequences: the analysis fits it (or one of its
-        alternatives) with `seqs`, a var the manifest this compiler writes does not declare."""
-        a = self.analysis.get((site, field))
-        forms = ([a.expr] if a is not None and a.expr else []) + (list(a.alternatives) if a is not None else [])
-        if not any("seqs" in x for x in forms):
-            return
-        said = a.expr if a.status == "fit" else " or ".join(a.alternatives)
-        mine = ""
-        if self.seqs is not None:
-            f = F.fit({"tokens": self.tokens, "seqs": self.seqs}, v, piecewise=False)
-            mine = f"; over the program's forwards (tokens {sorted(set(self.tokens.tolist()))[:6]}, " \
-                   f"sequences {sorted(set(self.seqs.tolist()))[:6]}) {f.text}"
-        raise CompileError(f"{where}: follows the sequences of the step as well as or instead of its tokens "
-                           f"(the analysis over every forward of the site: {said}{mine}); the manifest "
-                           f"declares the tokens as `rows` and no var for the sequences")
+        self.batched = prog.batched
+        self.limits = limits or (int(self.tokens.max()), int(self.seqs.max()))
+        self.provenance: list[dict] = []   # per fitted field of a batched program: forms and choice
 
     def value(self, step: int, field: str, values: list[int], site: str, lane: bool = False):
         """An int (constant) or a wire expression in `rows`. A value that varies where the tokens do
@@ -89,7 +92,8 @@ class Fitter:
         if (v == v[0]).all():
             return int(v[0])
         where = f"{self.prog.name} call {step} (call site {site}), {field}"
-        self._sequences(where, v, site, field)
+        if self.batched:
+            return self._batched(where, v, site, field, lane)
         same = [v[self.tokens == t] for t in np.unique(self.tokens)]
         a = self.analysis.get((site, field))
         ctx = a is not None and a.status == "fit" and "ctx" in (a.expr or "")
@@ -99,7 +103,7 @@ class Fitter:
                               f"and no analysis fit ties it to the context (padding bytes?); forward "
                               f"{self.prog.rep.forward}'s {rep} is taken")
             return rep
-        if self.prog.name == "decode" or len(np.unique(self.tokens)) < 2:
+        if self.prog.kind == "decode" or len(np.unique(self.tokens)) < 2:
             raise CompileError(f"{where}: takes {sorted(set(v.tolist()))[:4]} in forwards of the same token count, "
                                f"so it follows something the capture does not name as a var (the context?)")
         f = F.fit({"tokens": self.tokens}, v, piecewise=False)
@@ -128,6 +132,122 @@ class Fitter:
             return rep
         raise CompileError(f"{where}: values {sorted(set(v.tolist()))[:6]} at tokens "
                            f"{sorted(set(self.tokens.tolist()))} are no expression of the manifest's closed set")
+
+
+    # ---- batched programs (a `seqs` var) -------------------------------------------------------
+    def _env(self) -> dict[str, np.ndarray]:
+        if self.prog.var == SEQS:            # decode: one token per sequence, tokens == seqs
+            return {"seqs": self.seqs}
+        return {"tokens": self.tokens, "seqs": self.seqs}
+
+    def _names(self) -> dict[str, str]:
+        return {"tokens": SEQS, "seqs": SEQS} if self.prog.var == SEQS else {"tokens": ROWS, "seqs": SEQS}
+
+    def _points(self) -> str:
+        pairs = sorted(set(zip(self.tokens.tolist(), self.seqs.tolist())))
+        if self.prog.var == SEQS:
+            return f"sequences {[s for _, s in pairs][:8]} (one token each)"
+        return "(tokens, sequences) " + ", ".join(f"({t}, {q})" for t, q in pairs[:6])
+
+    def _domain_values(self, e) -> bytes:
+        """The form's values at every (rows, seqs) the manifest admits, as bytes (equal bytes: one
+        function for kern). Decode: seqs 1..max with tokens = seqs; prefill: every rows 1..max and
+        seqs 1..min(rows, seqs max), walked one seqs value at a time."""
+        rmax, smax = self.limits
+        if self.prog.var == SEQS:
+            s = np.arange(1, smax + 1, dtype=np.int64)
+            return F.evaluate(e, {"tokens": s, "seqs": s}).tobytes()
+        out = []
+        for q in range(1, smax + 1):
+            t = np.arange(q, max(rmax, q) + 1, dtype=np.int64)
+            out.append(F.evaluate(e, {"tokens": t, "seqs": np.full_like(t, q)}).tobytes())
+        return b"".join(out)
+
+    def _reproduces(self, e, v: np.ndarray) -> bool:
+        env = {"tokens": self.tokens, "seqs": self.seqs}
+        try:
+            return bool((F.evaluate(e, env) == v).all())
+        except (KeyError, ValueError):
+            return False
+
+    def _batched(self, where: str, v: np.ndarray, site: str, field: str, lane: bool):
+        """A field of a batched program: an int or a wire expression in `seqs` (decode) or in `rows`
+        and `seqs` (prefill); see the module docstring for the rule."""
+        a = self.analysis.get((site, field))
+        rep = int(v[self.prog.samples.index(self.prog.rep)])
+        keys = list(zip(self.tokens.tolist(), self.seqs.tolist()))
+        by_key: dict = {}
+        for k, x in zip(keys, v.tolist()):
+            by_key.setdefault(k, set()).add(x)
+        ctx = a is not None and a.status == "fit" and "ctx" in (a.expr or "")
+        if any(len(x) > 1 for x in by_key.values()):
+            if ctx and not lane:
+                raise CompileError(f"{where}: takes several values at one step size ({self._points()}) and the "
+                                   f"analysis fits it with the context ({a.expr}), which the manifest has no var for")
+            self.notes.append(f"{where}: differs between forwards of one step size and no analysis fit ties it "
+                              f"to the context (padding bytes?); forward {self.prog.rep.forward}'s {rep} is taken")
+            return rep
+        if len(by_key) < 2:
+            raise CompileError(f"{where}: varies while the step size does not ({self._points()})")
+        f = F.fit(self._env(), v, piecewise=False)
+        forms = []
+        if f.status == "fit":
+            forms = [f.expr]
+        elif f.status == "underdetermined":
+            forms = [F.parse(x) for x in f.alternatives]
+        if a is not None and a.status in ("fit", "underdetermined"):
+            theirs = [a.expr] if a.status == "fit" and a.expr else list(a.alternatives)
+            for x in theirs:
+                try:
+                    e = F.parse(x)
+                except ValueError:
+                    continue
+                if self._reproduces(e, v) and e not in forms:
+                    forms.append(e)
+        kern_ok = [e for e in forms if _plausible(F.Fit("fit", expr=e, points=len(by_key)), lane)]
+        if not kern_ok:
+            if forms and not lane:
+                raise CompileError(f"{where}: over {self._points()} it is "
+                                   f"{' or '.join(F.render(e) for e in forms)}, each with a negative constant "
+                                   f"(or an offset a struct lane's few points cannot pin), which kern's "
+                                   f"expressions cannot hold")
+            if lane or (a is not None and a.status == "no_fit"):
+                self.notes.append(f"{where}: a by-value lane that follows no expression of the step size (padding "
+                                  f"bytes?); forward {self.prog.rep.forward}'s {rep} is taken")
+                return rep
+            raise CompileError(f"{where}: values {sorted(set(v.tolist()))[:6]} at {self._points()} are no "
+                               f"expression of the manifest's closed set")
+        groups: dict[bytes, list] = {}
+        for e in kern_ok:
+            groups.setdefault(self._domain_values(e), []).append(e)
+        rmax, smax = self.limits
+        span = (f"seqs 1..{smax}" if self.prog.var == SEQS else f"rows 1..{rmax} with seqs 1..min(rows, {smax})")
+        texts = [F.render(e) for e in kern_ok]
+        mine = F.parse(a.expr) if a is not None and a.status == "fit" and a.expr else None
+        if len(groups) == 1:
+            if mine is not None and mine in kern_ok and len(kern_ok) > 1:
+                # equal here; the analysis' fit over every forward of the site is the one evidenced wider
+                pick = mine
+                why = (f"the analysis' fit over every forward of the site, among {' | '.join(texts)}, which agree "
+                       f"on every {span}")
+            else:
+                pick = min(kern_ok, key=_size)
+                why = ("the one form the samples allow" if len(kern_ok) == 1 else
+                       f"the simplest of {' | '.join(texts)}, which agree on every {span}")
+        else:
+            hit = [g for g in groups.values() if mine is not None and mine in g]
+            if not hit:
+                raise CompileError(f"{where}: the program's forwards at {self._points()} allow "
+                                   f"{' or '.join(texts)}, which differ within {span}; the capture does not "
+                                   f"pin which")
+            pick = mine
+            why = f"the analysis' fit over every forward of the site ({a.expr}), among {' | '.join(texts)}"
+        out = _wire(pick, self._names())
+        if len(kern_ok) > 1 or self.prog.var == SEQS and "tokens" in F.render(pick):
+            self.notes.append(f"{where}: {V.render(V.from_wire(out))}, {why}")
+        self.provenance.append({"program": self.prog.name, "field": where, "forms": texts,
+                                "written": V.render(V.from_wire(out)), "because": why})
+        return out
 
 
 def _plausible(f, lane: bool) -> bool:

@@ -267,7 +267,7 @@ def merge(decls: dict, layouts: dict, assigned: list[Assigned]) -> list[str]:
 
 
 def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], vocab: int,
-                  assigned: list[Assigned]) -> list[str]:
+                  assigned: list[Assigned], floats: frozenset = frozenset()) -> list[str]:
     """The token input by what it indexes, with the config's vocabulary size V: the table of V
     rows (the LM head's weight W, or a weight of V x k elements for its k), gathered by the
     first call of a program that reads it, whose only input word is the rows' index: kern's
@@ -275,7 +275,9 @@ def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], 
     stages on the device and an in-order replay cannot recompute (the sampler's choice among a
     flat model's near-equal logits), so no bytes name them; what they index does. The dtype is
     what the bytes at its first byte read as in every forward that has them: int64 where each
-    8-byte element is below V (more than one token), else int32; none known: unnamed."""
+    8-byte element is below V (more than one token), else int32; none known: unnamed. A
+    declaration some program passes a GEMM as an operand (`floats`) is an activation there, never
+    token ids (an engine's allocator puts both at one address in different steps)."""
     notes = []
     heads = [(p, st.gemm) for p in progs for st in p.rep.steps[-1:] if st.gemm is not None and st.gemm.n == vocab]
     if not heads:
@@ -296,7 +298,7 @@ def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], 
             names = {key[1:]: lay.where[key][1] for key in lay.where if key[0] == step}
             if not any(n in tables for n in names.values()):
                 continue
-            ins = {n for n in names.values() if n in decls and decls[n].kind == "input"}
+            ins = {n for n in names.values() if n in decls and decls[n].kind == "input" and n not in floats}
             if len(ins) == 1:
                 found[ins.pop()] = f"{p.name} call {step} ({st.launch.site})"
             break

@@ -53,6 +53,7 @@ class Sample:
     steps: list[Step]
     staging: list[Launch]       # host-reading launches left out of the program
     tail: list[Launch] = field(default_factory=list)   # launches after the logits (`cut_at_logits`)
+    seqs: int = 1               # sequences the step serves (the analysis' `forward_vars`; 1 without)
 
 
 @dataclass
@@ -60,6 +61,22 @@ class Program:
     name: str                   # decode | prefill
     samples: list[Sample]       # forwards with the program's sequence, in capture order
     left_out: dict = field(default_factory=dict)   # forward -> why
+    batched: bool = False       # the capture serves several sequences per step: a `seqs` var exists
+    kind: str = ""              # decode | prefill (`name` is the kind, or the kind and its range of sequences)
+    seen: tuple = (1, 1)        # the sequences the program's serving steps were seen at (lowest, highest)
+
+    def __post_init__(self):
+        self.kind = self.kind or self.name
+
+    @property
+    def var(self) -> str:
+        """The var this program's sizes follow: a batched decode's rows are its sequences (one token
+        each), so it is sized by `seqs`; every other program by `rows` (the tokens)."""
+        return "seqs" if self.batched and self.kind == "decode" else "rows"
+
+    def size(self, s: "Sample") -> int:
+        """A sample's value of the program's var (`var`)."""
+        return s.seqs if self.var == "seqs" else s.tokens
 
     @property
     def rep(self) -> Sample:
@@ -191,7 +208,7 @@ def end_at_state(progs: list[Program], layouts: dict) -> list[str]:
     last row of each sequence). `layouts`: compiler.buffers' per program, to see the states."""
     notes = []
     for p in progs:
-        if p.name != "prefill":
+        if getattr(p, "kind", p.name) != "prefill":
             continue
         lay = layouts[p.name]
         touched = [k for (k, _i, _at), (kind, _n, _off) in lay.where.items() if kind == "state"]
@@ -201,16 +218,42 @@ def end_at_state(progs: list[Program], layouts: dict) -> list[str]:
         for s in p.samples:
             s.tail = [x for st in s.steps[keep:] for x in (st.launch, st.aux) if x is not None] + s.tail
             s.steps = s.steps[:keep]
-        notes.append(f"prefill: each forward ends at its last state access (call {keep - 1}); the "
+        notes.append(f"{p.name}: each forward ends at its last state access (call {keep - 1}); the "
                      f"{len(p.rep.tail)} launches after it feed only the prompt's own logits, which the serving "
                      f"loop takes from decode")
     return notes
 
 
+def step_seqs(doc: AnalysisDoc) -> dict[int, int | None] | None:
+    """forward -> the sequences its step serves, from the analysis' `forward_vars` (None where a
+    forward has no measured value); None for a capture without a `seqs` variable (one sequence
+    per step: every forward serves 1)."""
+    fv = doc.forward_vars
+    if fv is None or "seqs" not in fv.names:
+        return None
+    return {r.forward: r.seqs for r in fv.forwards}
+
+
+def kind_of(tokens: int, seqs: int) -> str:
+    """A step's kind: `decode` when every sequence feeds one token (tokens == seqs), else
+    `prefill` (a prompt, packed prompts, or prompts mixed with decodes). Why by kind and not by
+    token count: a batched decode of 7 sequences is 7 tokens, and runs decode's kernels (vLLM's
+    and SGLang's attention switch to their decode paths), not a 7-token prompt's."""
+    return "decode" if tokens == seqs else "prefill"
+
+
 def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Program], list[str]]:
     """The decode and prefill programs of the capture, and notes on what was left out (`vocab`:
-    the checkpoint's vocabulary size: each forward ends at its logits, `cut_at_logits`)."""
+    the checkpoint's vocabulary size: each forward ends at its logits, `cut_at_logits`). A step
+    is decode or prefill by `kind_of` over its tokens and sequences (`step_seqs`); in a capture
+    without a `seqs` variable every step serves one sequence, so decode is the one-token step."""
     fwds = [f for f in doc.passes.forwards if f.tokens is not None and f.tokens >= 1]
+    per = step_seqs(doc)
+    unknown = []
+    if per is not None:
+        unknown = [f.forward for f in fwds if per.get(f.forward) is None]
+        fwds = [f for f in fwds if per.get(f.forward) is not None]
+    seqs_of = (lambda f: 1) if per is None else (lambda f: int(per[f.forward]))
     if not [f for f in fwds if f.phase == "serve"]:
         raise CompileError("the analysis finds no serving forward with a token count, so there is no step to "
                            "compile (run `mine analyze` on the capture to see its forwards)")
@@ -224,8 +267,11 @@ def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Pro
     if staged:
         notes.append(f"{len(staged)} launches stage inputs on the device (measured flow: they read only host data) "
                      "and are left out like host staging")
-    for name, pick in (("decode", lambda t: t == 1), ("prefill", lambda t: t > 1)):
-        kind = [f for f in fwds if pick(f.tokens)]
+    if unknown:
+        notes.append(f"{len(unknown)} forward(s) show no sequence count (forwards {unknown[:8]}), so their step "
+                     f"kind is unknown: left out of every program")
+    for name in ("decode", "prefill"):
+        kind = [f for f in fwds if kind_of(int(f.tokens), seqs_of(f)) == name]
         if not kind:
             continue
         samples = {}
@@ -235,46 +281,93 @@ def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Pro
             own = {s: _copy(launches[s]) for s in _seqs(f)}
             steps, staging = _steps(f, own, staged)
             steps, tail = cut_at_logits(steps, vocab)
-            samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging, [st.launch for st in tail])
+            samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging, [st.launch for st in tail],
+                                        seqs_of(f))
         serve = Counter(tuple(st.key for st in samples[f.forward].steps) for f in kind if f.phase == "serve")
         if not serve:
             notes.append(f"no {name} program: the {name} forwards are all start-up passes")
             continue
-        sig, n = serve.most_common(1)[0]
-        prog = Program(name, [])
+        key = lambda s: tuple(st.key for st in s.steps)
+        sigs = _buckets(serve, [samples[f.forward] for f in kind if f.phase == "serve"], key, per is not None)
+        progs_k = []
+        for sig, lo, hi in sigs:
+            pname = name if len(sigs) == 1 else f"{name}_s{lo}" + (f"_{hi}" if hi != lo else "")
+            progs_k.append(Program(pname, [], batched=per is not None, kind=name, seen=(lo, hi)))
         others = []
         for f in kind:
             s = samples[f.forward]
-            if tuple(st.key for st in s.steps) == sig:
-                prog.samples.append(s)
+            hit = [p for p, (sig, _, _) in zip(progs_k, sigs) if key(s) == sig]
+            if hit:
+                hit[0].samples.append(s)
             else:
                 others.append(s)
-        joined = 0
+        joined = {p.name: 0 for p in progs_k}
         for s in others:
-            why = _join(prog, s)
-            if why is None:
-                joined += 1
-                continue
-            prog.left_out[s.forward] = why or (f"its {len(s.steps)} calls are not the {len(sig)}-call sequence "
-                                               f"{n} serving {name} forward(s) share")
-        prog.samples.sort(key=lambda s: s.forward)
-        if joined:
-            notes.append(f"{name}: {joined} forward(s) of another module or entry at some calls (the same parameters) "
-                         f"joined the program; those calls launch by row range (compiler.builds)")
-        cut = {len(s.tail) for s in prog.samples}
-        if vocab and cut != {0}:
-            notes.append(f"{name}: each forward ends at its logits (the last GEMM of {vocab} columns, the vocabulary); "
-                         f"the {'/'.join(map(str, sorted(cut)))} launches after it (the engine's sampling) are left out")
-        elif vocab:
-            notes.append(f"{name}: no GEMM of {vocab} output columns (the vocabulary): the program keeps every "
-                         f"launch to the forward's end")
-        if not prog.rep.steps:
-            raise CompileError(f"every launch of the {name} forwards reads host memory; nothing is left to compile")
-        out.append(prog)
-        if prog.left_out:
-            notes.append(f"{name}: {len(prog.left_out)} forward(s) left out for another call sequence "
-                         f"(forwards {sorted(prog.left_out)[:8]})")
+            whys = []
+            for prog in progs_k:
+                why = _join(prog, s)
+                if why is None:
+                    joined[prog.name] += 1
+                    break
+                whys.append(why)
+            else:
+                sig, n = sigs[0][0], serve[sigs[0][0]]
+                progs_k[0].left_out[s.forward] = next((w for w in whys if w), "") or (
+                    f"its {len(s.steps)} calls are not the {len(sig)}-call sequence {n} serving {name} forward(s) "
+                    f"share" + (f" (nor that of any of the {len(sigs)} {name} programs, one per range of sequences)"
+                                if len(sigs) > 1 else ""))
+        if len(sigs) > 1:
+            notes.append(f"{name}: {len(sigs)} programs, one per call sequence the serving {name} steps take over "
+                         f"disjoint ranges of sequences ("
+                         + ", ".join(f"{p.name}: sequences {p.seen[0]}..{p.seen[1]}" for p in progs_k)
+                         + "); a step of n sequences runs the program of the smallest range whose top is >= n "
+                           "(the engine switched kernels between the ranges; where exactly the capture does not show)")
+        for prog in progs_k:
+            prog.samples.sort(key=lambda s: s.forward)
+            pn = prog.name
+            if joined[pn]:
+                notes.append(f"{pn}: {joined[pn]} forward(s) of another module or entry at some calls (the same "
+                             f"parameters) joined the program; those calls launch by row range (compiler.builds)")
+            cut = {len(s.tail) for s in prog.samples}
+            if vocab and cut != {0}:
+                notes.append(f"{pn}: each forward ends at its logits (the last GEMM of {vocab} columns, the "
+                             f"vocabulary); the {'/'.join(map(str, sorted(cut)))} launches after it (the engine's "
+                             f"sampling) are left out")
+            elif vocab:
+                notes.append(f"{pn}: no GEMM of {vocab} output columns (the vocabulary): the program keeps every "
+                             f"launch to the forward's end")
+            if not prog.rep.steps:
+                raise CompileError(f"every launch of the {pn} forwards reads host memory; nothing is left to compile")
+            out.append(prog)
+            if prog.left_out:
+                notes.append(f"{pn}: {len(prog.left_out)} forward(s) left out for another call sequence "
+                             f"(forwards {sorted(prog.left_out)[:8]})")
     return out, notes
+
+
+def _buckets(serve: Counter, samples: list, key, batched: bool) -> list[tuple]:
+    """(call sequence, lowest, highest sequences) of each program of one step kind. One sequence per
+    step (no `seqs` var): the sequence most serving forwards share, alone. Batched: a batched
+    engine switches kernels by the batch (vLLM's attention splits its KV reduction below some
+    batch size; Triton specialises an argument equal to 1; ATen gathers one row another way), so
+    the call sequence most serving steps share keeps its place and every other sequence that two
+    or more serving steps share becomes a program too when the sequences it was seen at form a
+    range that overlaps no program's taken before it (most steps first). A sequence seen once, or
+    inside another's range (a step the analysis cut apart wrongly), is no program: its forwards
+    are left out. Ordered by range."""
+    order = serve.most_common()
+    if not batched:
+        return [(order[0][0], 1, 1)]
+    seen: dict = {}
+    for s in samples:
+        seen.setdefault(key(s), []).append(s.seqs)
+    taken = []
+    for sig, n in order:
+        lo, hi = min(seen[sig]), max(seen[sig])
+        if taken and (n < 2 or any(lo <= b and a <= hi for _, a, b in taken)):
+            continue
+        taken.append((sig, lo, hi))
+    return sorted(taken, key=lambda t: t[1])
 
 
 def _abi(x: Launch) -> tuple:
@@ -292,12 +385,13 @@ def _join(prog: Program, s: Sample) -> str | None:
     if any(s.steps[k].gemm is not None or base[k].gemm is not None or _abi(s.steps[k].launch) != _abi(base[k].launch)
            for k in diff):
         return ""
-    tokens = [x.tokens for x in prog.samples] + [s.tokens]
+    tokens = [prog.size(x) for x in prog.samples] + [prog.size(s)]
     for k in diff:
         keys = [x.steps[k].key for x in prog.samples] + [s.steps[k].key]
         if not builds.separable(tokens, keys):
             mine, theirs = s.steps[k].launch, base[k].launch
-            return (f"its call {k} launches {mine.symbol[:60]} (module {mine.sha256[:12]}) at {s.tokens} rows, where "
+            return (f"its call {k} launches {mine.symbol[:60]} (module {mine.sha256[:12]}) at {prog.size(s)} "
+                    f"{'sequences' if prog.var == 'seqs' else 'rows'}, where "
                     f"the program's forwards launch module {theirs.sha256[:12]}: no one row threshold separates the "
                     f"builds (compiler.builds)")
     prog.samples.append(s)
