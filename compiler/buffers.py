@@ -123,6 +123,51 @@ def uses(prog: Program, doc: AnalysisDoc) -> list[Use]:
     return out
 
 
+def _grown_spans(p: Program, us: list, spans: dict) -> dict[int, int]:
+    """address -> a workspace word's extent: its span (`_spans`), grown to what the in-order
+    replay measured the launch writing there, scaled from the measured forward's rows to the
+    rows of the forward the program is laid out from, and never into an address its calls use
+    while it is live (`_live_spans`). Why: the span to the next address the engine used at any
+    time can be a later tensor the allocator put into a freed block (vLLM's 190-row prefill: a
+    k-norm output of 48,640 bytes cut to 512), and kern would then run the program's largest
+    rows past the buffer's end; the measured bytes say what the call writes."""
+    rows = {x.seq: s.tokens for q in [p] for s in q.samples for st in s.steps
+            for x in (st.launch, st.aux) if x is not None}
+    live = _live_spans(us)
+    out = {}
+    for u in us:
+        ext = spans[u.value]
+        f = u.flow
+        if f is not None and f.context == "in-order" and f.written_bytes > 0 and rows.get(f.seq):
+            grown = -(-f.written_bytes * p.rep.tokens // rows[f.seq])
+            ext = max(ext, min(grown, live[u.value]))
+        out[u.value] = max(out.get(u.value, 0), ext)
+    return out
+
+
+def _live_spans(us: list) -> dict[int, int]:
+    """address -> bytes to the next address of its allocation that one program's calls use while
+    it is live (between its first and last use), or to the allocation's end. Why not `_spans`: an
+    engine's caching allocator hands a freed block to a later tensor at another offset (a later
+    layer's small tensor 16 KB into this one's activations; another program's forwards anywhere),
+    and a span to that address would cut a workspace below what its own calls write; two
+    addresses live at once cannot overlap."""
+    live: dict[int, list] = {}
+    for u in us:
+        iv = live.setdefault(u.value, [u.step, u.step, u.base, u.alloc_size])
+        iv[0], iv[1] = min(iv[0], u.step), max(iv[1], u.step)
+    by: dict[int, list] = {}
+    for v, (a, b, base, size) in live.items():
+        by.setdefault(base, []).append((v, a, b, size))
+    out = {}
+    for base, vs in by.items():
+        vs.sort()
+        for k, (v, a, b, size) in enumerate(vs):
+            nxt = next((w for w, c, d, _ in vs[k + 1:] if c <= b and a <= d), base + size)
+            out[v] = nxt - v
+    return out
+
+
 def _spans(all_words: list[tuple[int, int, int]]) -> dict[int, int]:
     """address -> bytes to the next used address of its allocation (or the allocation's end)."""
     by: dict[int, set] = {}
@@ -199,6 +244,7 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
     for p in progs:
         lay = Layout()
         us = all_uses[p.name]
+        own = _grown_spans(p, us, spans)
         wrote: list[tuple[int, int]] = []         # [lo, hi) addresses written so far
         ws: dict[int, list[Use]] = {}
         read_in: dict[int, int] = {}              # input address -> the widest extent read as the input
@@ -270,7 +316,7 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
               if not (outs and all(u.value == outs[0].value and u.step >= outs[0].step for u in g))}
         for k, (base, group) in enumerate(sorted(ws.items())):
             lo = min(u.value for u in group)
-            hi = max(u.value + (u.extent if u.extent is not None else spans[u.value]) for u in group)
+            hi = max(u.value + (u.extent if u.extent is not None else own[u.value]) for u in group)
             name = f"{p.name}.ws.{k}"
             decls[name] = Decl(name, "workspace", _round(hi - lo), base, lo - base,
                                "activations of the forward, at the engine's own offsets")

@@ -83,3 +83,46 @@ def test_prefill_ends_at_its_last_kv_access(compiled):
     assert m["buffers"]["decode.out"]["shape"] == [1, 8192]
     assert any("state" in a for a in m["programs"]["prefill"]["calls"][-1]["args"])
     assert any(n.startswith("prefill: each forward ends at its last state access") for n in res.notes)
+
+
+def test_every_measured_prefill_write_fits_its_buffer_at_the_largest_rows(compiled):
+    """The k-norm output of vLLM's 190-row prefill sat 512 bytes below a block the allocator gave
+    a later layer's tensor, so its span was 512 bytes; kern then ran 22-row prefills past it and
+    only 1- and 2-row prefills were right (tests/gpu_results/compile_q3t/diag_prefill_variants.json).
+    Each call's output must hold what the replay measured it writing, scaled to the largest rows."""
+    import json
+
+    res, _ = compiled
+    m = res.manifest
+    rows = m["vars"]["rows"]["max"]
+    doc = json.loads(lzma.decompress((FIX / "q3t.flow.json.xz").read_bytes()))
+    fw = [f for f in doc["passes"]["forwards"] if f.get("n_launches")]
+    at = {}                       # launch seq -> the rows of the forward it ran in
+    for f in fw:
+        for s in range(f["first_seq"], f["last_seq"] + 1):
+            at.setdefault(s, f.get("tokens") or 0)
+    measured = {(w["site"], w["i"]): w for w in doc["flow"]
+                if w["context"] == "in-order" and w["written_bytes"] and at.get(w["seq"], 0) > 1}
+    cfg = json.loads((FIX / "q3s.config.json").read_text())
+    k_row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    calls = m["programs"]["prefill"]["calls"]
+    prov = res.provenance["programs"]["prefill"]["calls"]
+    checked = 0
+    for c, p in zip(calls, prov):
+        if c["op"] == "gemm":
+            continue
+        for w in p["words"]:
+            kind, name, off = w["to"][0], w["to"][1], (w["to"][2] if len(w["to"]) > 2 else 0)
+            f = measured.get((p["site"], w["param"]))
+            if kind != "buf" or f is None or m["buffers"][name]["kind"] != "workspace":
+                continue
+            b = m["buffers"][name]
+            size = 2 * b["shape"][0] if b["dtype"] == "bf16" else b["shape"][0]
+            assert size - off >= f["written_bytes"] * rows // at[f["seq"]], (p["site"], w["param"], name)
+            checked += 1
+    assert checked >= 10
+    knorm = [c for c in calls if "rms_norm" in c["op"] and
+             m["ops"][c["op"]]["impl"]["launches"][0]["grid"][0] == {"mul": ["rows", cfg["num_key_value_heads"]]}]
+    for c in knorm:
+        out = m["buffers"][c["args"][0]["buf"]]
+        assert 2 * out["shape"][0] - c["args"][0].get("offset", 0) >= rows * k_row
