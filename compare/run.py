@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -131,6 +131,21 @@ def prepare(manifest: Path, weights: Path, ref_path: Path, logits: Optional[str]
     return Setup(mpath, kernels, m, s, files, ref, Path(ref_path))
 
 
+def with_prefill_rows(setup: Setup, rows: int) -> Setup:
+    """The setup with each prefill call taking at most `rows` rows; 0 feeds the prompt through the
+    decode program one token a call. Why: a fault that shows only above some row count (a
+    workspace too small for the largest prefill, a grid expression wrong past the rows the
+    capture saw) is told from a decode fault by running the same requests both ways."""
+    s = setup.serving
+    if rows == 0:
+        return replace(setup, serving=replace(s, prefill=None))
+    if s.prefill is None:
+        raise ManifestError(f"--prefill-rows {rows}: the manifest has no prefill program (only 0 is possible)")
+    if rows > s.chunk:
+        raise ManifestError(f"--prefill-rows {rows}: the prefill program {s.prefill!r} takes at most {s.chunk} rows")
+    return replace(setup, serving=replace(s, chunk=rows))
+
+
 def teacher_forced(host, n: int, req, bounds: verdict.Bounds) -> list[tuple[verdict.StepResult, list[float]]]:
     import torch
 
@@ -212,6 +227,7 @@ def report(setup: Setup, bounds: verdict.Bounds, steps, greedy) -> dict:
         "format": REPORT_FORMAT, "manifest": setup.manifest_path.name, "reference": setup.ref_path.name,
         "engine": setup.ref.engine, "mode": setup.ref.mode, "model": setup.ref.model, "top_k": setup.ref.top_k,
         "bounds": asdict(bounds), "passed": s.passed,
+        "prefill": {"program": setup.serving.prefill, "rows": setup.serving.chunk if setup.serving.prefill else 0},
         "summary": {**{k: v for k, v in asdict(s).items() if k != "first_failure"},
                     "first_failure": s.first_failure.as_dict() if s.first_failure else None},
         "requests": _request_rows(setup.ref, results, greedy),

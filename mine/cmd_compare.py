@@ -26,6 +26,10 @@ def compare_cmd(
     logits: Optional[str] = typer.Option(None, "--logits", help="the logits buffer, where the manifest has several"),
     gpu: int = typer.Option(0, "--gpu", min=0, help="the GPU to run kern on"),
     no_free: bool = typer.Option(False, "--no-free-running", help="skip the free-running greedy runs"),
+    prefill_rows: Optional[int] = typer.Option(None, "--prefill-rows", min=0,
+                                               help="at most this many rows per prefill call (0: the prompt "
+                                                    "through the decode program, a token a call); to tell a "
+                                                    "prefill fault from a decode one"),
 ) -> None:
     """Run MANIFEST on kern teacher-forced on a reference's tokens and judge every step: kern's top-1
     against the reference's, the reference's own margin where they differ, kern's logit-difference
@@ -34,12 +38,15 @@ def compare_cmd(
     Examples (need a GPU, kern-llm, the checkpoint and its reference):
 
       mine compare manifests/qwen3 --weights CKPT --reference ref.json --json compare.json
+      mine compare out/q3t --weights CKPT --reference ref.json --prefill-rows 1   # prefill 1 row a call
     """
     from mine.checks import check_outputs
     from compare import run, show, verdict
 
     check_outputs([manifest, weights, ref], {"--json": json_out})
     setup = run.prepare(manifest, weights, ref, logits)
+    if prefill_rows is not None:
+        setup = run.with_prefill_rows(setup, prefill_rows)
     bounds = verdict.Bounds(tol_ulps=tol_ulps, tol=tol)
     doc = run.compare(setup, bounds, gpu=gpu, free=not no_free)
     show.report(doc)

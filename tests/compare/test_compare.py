@@ -248,6 +248,22 @@ def test_prepare_accepts_a_matching_setup(ckpt, tmp_path):
     assert s.manifest_path.name == "qwen3.json" and len(s.weight_files) == 2
 
 
+def test_prefill_rows_cap_each_prefill_call_or_feed_the_decode_program(ckpt, tmp_path, monkeypatch, capsys):
+    s = run.prepare(QWEN3, ckpt, _ref_for(ckpt, tmp_path))
+    assert s.serving.prefill and s.serving.chunk > 1
+    one = run.with_prefill_rows(s, 1)
+    assert (one.serving.prefill, one.serving.chunk) == (s.serving.prefill, 1) and s.serving.chunk > 1
+    none = run.with_prefill_rows(s, 0)
+    assert none.serving.prefill is None and none.serving.decode == s.serving.decode
+    with pytest.raises(run.ManifestError, match="takes at most"):
+        run.with_prefill_rows(s, s.serving.chunk + 1)
+    with pytest.raises(run.ManifestError, match="no prefill program"):
+        run.with_prefill_rows(none, 4)
+    err = _mine(["compare", str(QWEN3), "--weights", str(ckpt), "--reference", str(_ref_for(ckpt, tmp_path)),
+                 "--prefill-rows", str(s.serving.chunk + 1)], monkeypatch, capsys)
+    assert f"takes at most {s.serving.chunk} rows" in err
+
+
 def test_reference_of_another_vocabulary(ckpt, monkeypatch, capsys):
     err = _mine(["compare", str(QWEN3), "--weights", str(ckpt), "--reference",
                  str(FIXTURES / "compare/ref_q36e.json.xz")], monkeypatch, capsys)
