@@ -99,10 +99,20 @@ def _primitive(cands: dict, cov: dict, n: int, pool: list[int]) -> int:
     while True:
         m = _mask(n, cands[best])
         inner = [q for q in pool if q < best and cov[q] >= 0.25 * cov[best]
-                 and (_inside(cands[q], m) > 0.5).mean() >= 0.5]
+                 and ((_inside(cands[q], m) > 0.5).mean() >= 0.5 or _holding(cands[best], cands[q]) >= 0.5)]
         if not inner:
             return best
         best = max(inner, key=lambda q: (cov[q], -q))
+
+
+def _holding(outer: np.ndarray, inner: np.ndarray) -> float:
+    """The share of `outer`'s runs that hold a whole run of `inner`. Why beside `_inside`: the
+    layers repeat elsewhere too (a prefill's, a warm-up's), so most of the inner runs can lie
+    outside the outer ones while every outer block (a forward) is still built of them."""
+    if not len(outer) or not len(inner):
+        return 0.0
+    s, e = inner[:, 0], inner[:, 1]
+    return float(np.mean([bool(((s >= a) & (e <= b)).any()) for a, b in outer[:, :2]]))
 
 
 STEP_GAP_NS = 200_000     # a host gap in a block at least this long and

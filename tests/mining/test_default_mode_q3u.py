@@ -1,0 +1,53 @@
+"""Forwards of vLLM's default mode (torch.compile + CUDA graphs) on a small model: q3u.
+
+tests/fixtures/compile/q3u: vLLM 0.26.0 in its default mode, captured on one H200 on 2026-12-02, on the
+q3s checkpoint (3 layers, hidden 256), serving six requests one after another (prompts of 1, 23, 77,
+190, 6 and 131 tokens, 8 new tokens each; q3u.ref.json.xz). Each decode step is one replay of the
+whole-model decode graph between eager staging and sampling kernels; the prefills run Inductor's
+kernels eagerly. Its warm-up forwards (the engine's graph captures at 104 sizes) repeat a 64-kernel
+block, which covers more launches than any layer. Before `steps._holding` the layer finder took
+that block for the layer and found 12 forwards; the truth is 6 x 8 serving forwards.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+
+import pytest
+from paths import FIXTURES
+
+from mining.analyze import analyze, document
+from mining.load import load_dump
+
+FIX = FIXTURES / "compile"
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return document(analyze(load_dump(FIX / "q3u.tar.xz", cache=False)))
+
+
+def test_one_serving_forward_per_step_of_every_request(doc):
+    ref = json.loads(lzma.decompress((FIX / "q3u.ref.json.xz").read_bytes()))
+    steps = sum(len(r["output"]) for r in ref["requests"])
+    serve = [f for f in doc.passes.forwards if f.phase == "serve" and f.n_launches]
+    assert len(serve) == steps
+    # per request: its prompt's forward, then one decode forward per new token but the last
+    k = 0
+    for r in ref["requests"]:
+        group = serve[k:k + len(r["output"])]
+        k += len(r["output"])
+        assert all(f.tokens == 1 for f in group[1:]), [f.tokens for f in group]
+        assert (group[0].tokens > 1) == (len(r["prompt"]) > 1), (len(r["prompt"]), group[0].tokens)
+
+
+def test_the_layer_is_the_models_layer_not_the_warm_up_forward(doc):
+    """Three layers a forward (the checkpoint's num_hidden_layers), each of about a dozen kernels: a
+    decode layer (with the split-KV reduction) of one more kernel than a prefill one."""
+    ref = json.loads(lzma.decompress((FIX / "q3u.ref.json.xz").read_bytes()))
+    n = ref["model"]["num_hidden_layers"]
+    lay = doc.layers
+    assert lay.layers == n and 8 <= lay.sites_per_layer <= 16
+    kinds = {k.sites_per_layer for sh in lay.shapes for k in sh.kinds if k.count == n}
+    assert kinds and max(kinds) < 20          # no whole step (58 kernels) or warm-up (64) taken for a layer
