@@ -169,6 +169,51 @@ def token_sources(sites: Sites, executed: pd.DataFrame | None, ref: Reference) -
     return pd.Series(np.where(replayed, "graph", "launch"), index=t["forward"].to_numpy()[m], dtype=object)
 
 
+def _same_per_forward(samples: dict, symbol: str, k: int) -> bool:
+    """Do the k sites of `symbol` (occurrences 0..k-1 in a forward) launch at one grid in every
+    forward: a per-layer kernel sized by the step, not by its layer."""
+    base = samples.get(site_name(symbol, 0))
+    if base is None:
+        return False
+    ref = {int(f): tuple(v) for f, v in zip(base[0], base[1])}
+    for occ in range(1, k):
+        got = samples.get(site_name(symbol, occ))
+        if got is None or any(int(f) in ref and ref[int(f)] != tuple(v) for f, v in zip(got[0], got[1])):
+            return False
+    return True
+
+
+def _finer(best: dict, layer_cands: list, samples: dict, among: set | None = None) -> dict | None:
+    """A per-layer kernel's grid axis that counts the tokens more finely than the once-per-forward
+    reference: 1 at its smallest, as the reference is (a one-token step), at least the reference in every
+    forward both ran in and above it in some, with the reference a fitted function of it (a
+    ceil_div of it). Why: a compiled model's one-per-forward kernels can all count blocks of rows
+    (Inductor's fused embedding and norm at hidden 256 takes 4 rows a block: ceil(tokens / 4)),
+    while a per-layer KV writer launches a block per token; a grid of tokens times heads is no
+    finer (it is not 1 at a one-token step)."""
+    ref = best["tokens"]
+    out = None
+    for r in layer_cands:
+        fwds, vals = samples[r["site"]]
+        for k, ax in enumerate(GRID):
+            t = pd.Series(vals[:, k], index=fwds).sort_index()
+            t = t[~t.index.duplicated()]
+            common = ref.index.intersection(t.index)
+            want = ref.index if among is None else ref.index[ref.index.isin(among)]
+            if len(common) < 3 or t.nunique() < 2 or len(want.intersection(t.index)) < 0.9 * len(want):
+                continue          # it must run where the reference runs (the serving forwards, once known)
+            a, b = t.loc[common].to_numpy(), ref.loc[common].to_numpy()
+            if not ((a >= b).all() and (a > b).any() and a.min() == 1 and b.min() == 1):
+                continue
+            if fit(a, b).status != "fit":
+                continue
+            if out is None or (t.loc[common] >= out["tokens"].reindex(common).fillna(0)).all():
+                out = {"symbol": r["symbol"], "axis": ax, "failures": best["failures"], "layer_failures": 0,
+                       "distinct": int(t.nunique()), "dropped": best["dropped"], "max": int(t.max()),
+                       "tokens": t, "flat": False, "finer_than": best["symbol"]}
+    return out
+
+
 def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
                      among: set | None = None) -> Reference:
     """The tokens reference (module docstring). `among`: the forwards whose coverage counts
@@ -180,10 +225,18 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
     per_fwd = (sites.table.groupby(["symbol", "forward"]).size().groupby(level=0)
                .agg(lambda c: int(c.mode().max())).to_dict())
     layered = set(sites.index.loc[sites.index["layer"] >= 0, "site"]) if "layer" in sites.index else set()
+    layer_cands: list = []
     cands = []
     for _, r in once.iterrows():
         # runs once per forward: its modal count is 1 (a forward that launched it twice, a
-        # merged or a split one, only leaves that forward out of its samples)
+        # merged or a split one, only leaves that forward out of its samples); a kernel run k
+        # times, once per layer at one grid within each forward, is a finer candidate only
+        # (`_finer`)
+        multi = per_fwd.get(r["symbol"], 0) > 1
+        if multi:
+            if _same_per_forward(samples, r["symbol"], per_fwd[r["symbol"]]):
+                layer_cands.append(r)
+            continue
         if r["symbol"] in modal1 or per_fwd.get(r["symbol"], 0) != 1:
             continue
         fwds, vals = samples[r["site"]]
@@ -213,6 +266,10 @@ def choose_reference(launches: pd.DataFrame, sites: Sites, n_forwards: int,
                               -c["distinct"],
                               c["dropped"], c["max"]))
     best = cands[0]
+    finer = _finer(best, layer_cands, samples, among)
+    if finer is not None:
+        best = finer
+        cands.insert(0, finer)
     public = [{k: v for k, v in c.items() if k not in ("tokens", "flat", "layer_failures")} for c in cands]
     return Reference(best["symbol"], best["axis"], best["tokens"], public)
 

@@ -6,7 +6,9 @@ q3s checkpoint (3 layers, hidden 256), serving six requests one after another (p
 whole-model decode graph between eager staging and sampling kernels; the prefills run Inductor's
 kernels eagerly. Its warm-up forwards (the engine's graph captures at 104 sizes) repeat a 64-kernel
 block, which covers more launches than any layer. Before `steps._holding` the layer finder took
-that block for the layer and found 12 forwards; the truth is 6 x 8 serving forwards.
+that block for the layer and found 12 forwards; the truth is 6 x 8 serving forwards. Its
+one-per-forward kernels all count blocks of 4 rows (Inductor's fused embedding at hidden 256); the
+tokens are the KV writer's grid, a per-layer kernel (`sites._finer`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ def test_one_serving_forward_per_step_of_every_request(doc):
         group = serve[k:k + len(r["output"])]
         k += len(r["output"])
         assert all(f.tokens == 1 for f in group[1:]), [f.tokens for f in group]
-        assert (group[0].tokens > 1) == (len(r["prompt"]) > 1), (len(r["prompt"]), group[0].tokens)
+        # the prompt's tokens as the engine ran them: padded up to a captured size (vLLM pads a
+        # compiled step's tokens to its next cudagraph size), never fewer, never a block count
+        p = len(r["prompt"])
+        assert group[0].tokens == 1 if p == 1 else p <= group[0].tokens < 2 * p, (p, group[0].tokens)
 
 
 def test_the_layer_is_the_models_layer_not_the_warm_up_forward(doc):
