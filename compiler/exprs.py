@@ -36,9 +36,11 @@ a field that still varies there depends on something else (the context) and is r
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from compiler.errors import CompileError
+from compiler.errors import CompileError, ProgramError
 from compiler.programs import Program
 from mining import fit as F
 from vocab import expr as V
@@ -119,20 +121,80 @@ class Fitter:
                     self.notes.append(f"{where}: {text}, the analysis' fit over every forward of the site, among "
                                       f"{len(f.alternatives)} forms the program's {len(v)} forwards allow")
                     return _wire(F.parse(text))
+            lin = [e for e in f.alternatives if "ceil_div" not in e]
+            if re.fullmatch(r"param\d+", field) and len(lin) == 1:
+                # a kernel's own int scalar is an element count or a stride: the tokens times a row's
+                # elements; a ceil_div form agrees with it only at the row counts the engine padded to
+                self.notes.append(f"{where}: {lin[0]}, the one of {' | '.join(f.alternatives)} without a ceil_div "
+                                  f"(a scalar param: an element count of whole rows)")
+                return _wire(F.parse(lin[0]))
+            pick = self._numel_grid(step, field, v)
+            if pick is not None:
+                text, why = pick
+                self.notes.append(f"{where}: {text}, the launch's own element counts in blocks ({why}, its scalar "
+                                  f"params), where the program's forwards allow {' | '.join(f.alternatives)}")
+                return _wire(F.parse(text))
             if "tokens" in f.alternatives:
                 self.notes.append(f"{where}: `rows` itself, the simplest of {' | '.join(f.alternatives)} that the "
                                   f"program's forwards at {sorted(set(self.tokens.tolist()))} tokens allow")
                 return ROWS
             raise CompileError(f"{where}: the program's forwards at {sorted(set(self.tokens.tolist()))} tokens allow "
                                f"{' or '.join(f.alternatives)}; the capture does not pin which")
-        if lane or (a is not None and a.status == "no_fit"):
+        if lane or (a is not None and a.status == "no_fit" and not field.startswith("grid")):
+            # a grid that follows no form of the tokens is never taken from one forward: kern would
+            # launch that forward's blocks at every row count (vLLM's compiled prefill attention
+            # counts the unpadded tokens, its Inductor kernels the padded ones)
             rep = int(v[self.prog.samples.index(self.prog.rep)])
             self.notes.append(f"{where}: a by-value lane that follows no expression of the token count (padding "
                               f"bytes?); forward {self.prog.rep.forward}'s {rep} is taken")
             return rep
-        raise CompileError(f"{where}: values {sorted(set(v.tolist()))[:6]} at tokens "
-                           f"{sorted(set(self.tokens.tolist()))} are no expression of the manifest's closed set")
+        msg = (f"{where}: values {sorted(set(v.tolist()))[:6]} at tokens {sorted(set(self.tokens.tolist()))} are no "
+               f"expression of the manifest's closed set")
+        if field.startswith("grid") and self.prog.kind == "prefill":
+            # the other programs still serve: a host feeds the prompt through decode
+            raise ProgramError(self.prog.name, msg)
+        raise CompileError(msg)
 
+
+    def _numel_grid(self, step: int, field: str, values: np.ndarray):
+        """(form, why) for a grid axis equal, in every sample, to the sum of ceil_div(N_i, B) over
+        one or all of the same launch's varying scalar params N_i (each an exact linear fit in the
+        tokens), for one block size B. Why: a Triton launcher's grid is ceil_div(xnumel, XBLOCK)
+        with xnumel passed to the kernel too, and an Inductor combo kernel's is the sum of its
+        sub-kernels' (a fused q-norm and k-norm over 4 and 2 rows a token: 3 * tokens / 4 at any
+        multiple of 8 tokens, 5 blocks at 5 tokens where ceil_div(3 * tokens, 4) says 4). Samples
+        of padded steps (vLLM pads a compiled step to a captured size) cannot tell these forms
+        apart; the kernel's own element counts can."""
+        if not field.startswith("grid"):
+            return None
+        launches = [s.steps[step].launch for s in self.prog.samples]
+        if any(x is None for x in launches) or len({len(x.params) for x in launches}) != 1:
+            return None
+        numels = []
+        for k, par in enumerate(launches[0].params):
+            if par.pointer or par.raw is not None or par.size not in (4, 8):
+                continue
+            v = np.array([x.params[k].value for x in launches], np.int64)
+            if len(np.unique(v)) < 2 or (v <= 0).any():
+                continue
+            g = F.fit({"tokens": self.tokens}, v, piecewise=False)
+            # an element count is the tokens times a row's elements: its form without ceil_div
+            lin = ([g.expr] if g.status == "fit" and g.expr else
+                   list(g.alternatives) if g.status == "underdetermined" else [])
+            lin = [e for e in lin if "ceil_div" not in e]
+            if len(lin) == 1:
+                numels.append((lin[0], v))
+        if not numels:
+            return None
+        for group in [[n] for n in numels] + ([numels] if len(numels) > 1 else []):
+            for B in (2 ** e for e in range(13)):
+                if all((sum(-(-v[j] // B) for _, v in group) == values[j]) for j in range(len(values))):
+                    terms = [f"ceil_div({e}, {B})" if B > 1 else e for e, _ in group]
+                    text = terms[0]
+                    for t in terms[1:]:
+                        text = f"add({text}, {t})"
+                    return text, " + ".join(f"ceil_div({e}, {B})" for e, _ in group)
+        return None
 
     # ---- batched programs (a `seqs` var) -------------------------------------------------------
     def _env(self) -> dict[str, np.ndarray]:

@@ -135,9 +135,24 @@ def test_compare_with_generator():
     assert diffs
 
 
-def test_q3d_default_mode_is_refused_with_one_sentence():
+def test_a_form_the_samples_leave_open_is_still_refused_with_one_sentence(tmp_path):
+    """q3d's prefills (8, 64, 200 tokens: vLLM pads compiled steps to captured sizes) leave many
+    Inductor forms open; a scalar param takes its ceil-free form (an element count), a grid the
+    launch's own element counts in blocks (tests/compiler/test_compile_default_mode.py). A field
+    with neither stays refused, in one sentence: a launch whose only varying scalar is a grid."""
+    from compiler.exprs import Fitter
+    from compiler.programs import Program, Sample, Step
+    from compiler.launches import Launch, Param
+
+    def launch(t):
+        return Launch(seq=t, symbol="k", sha256="s", grid=(3 * t // 4, 1, 1), block=(128, 1, 1), smem=0,
+                      params=[Param(0, 8, 0x7f0000000000, None, True)], words=[])
+    samples = [Sample(k, "serve", t, [Step(launch(t))], []) for k, t in enumerate((8, 64, 200))]
+    prog = Program("prefill", samples, kind="prefill")
+    from vocab.analysis import AnalysisDoc
+    doc = type("D", (), {"fits": []})()
     with pytest.raises(CompileError, match="does not pin") as exc:
-        _compiled(str(SUITE / "q3d.tar.xz"))
+        Fitter(prog, doc).value(0, "grid_x", [3 * t // 4 for t in (8, 64, 200)], "k#0")
     assert "\n" not in str(exc.value)
 
 

@@ -75,7 +75,15 @@ def _kind(m: dict, arg: dict) -> str:
 def test_compiles_and_both_verifiers_and_the_abi_check_accept(name, tmp_path):
     res = _compiled(name)
     m = res.manifest
-    assert set(m["programs"]) == {"decode", "prefill"}
+    if name == "sglang_graph":
+        # the breakable graphs' prefill runs at 48, 96 and 176 padded rows while its KV store
+        # launches a block per real token (34, 85, 175): no form of the rows gives that, so the
+        # prefill is left out with the sentence and decode serves alone
+        assert set(m["programs"]) == {"decode"}
+        why = [n for n in res.notes if n.startswith("prefill: left out of the manifest")]
+        assert len(why) == 1 and "store_kvcache" in why[0] and "[34, 85, 175]" in why[0]
+    else:
+        assert set(m["programs"]) == {"decode", "prefill"}
     assert verify(m) == []
     write(res, tmp_path / "out", _analysed(name)[0])     # copies the cubins, raises on an ABI finding
     with quiet_stderr():
@@ -220,17 +228,10 @@ def test_struct_pointer_fields_land_on_buffers_of_their_class(name):
             assert _kind(m, c["args"][0]) != "weight" and _kind(m, c["args"][2]) != "weight"
 
 
-def _pack_bytes(pack: dict) -> bytes:
-    b = bytearray(pack["size"])
-    for f in pack["fields"]:
-        assert "u8" in f, f        # a short by-value param holds literals only
-        b[f["at"]] = f["u8"]
-    return bytes(b)
-
-
 def test_small_by_value_params_of_the_real_graph_capture():
     """The graph capture's prefill fills a bf16 tensor (FillFunctor<BFloat16>: a 2-byte by-value
-    param): the frames hold its bytes in `value` only; the compiled pack is those bytes."""
+    param): the frames hold its bytes in `value` only, and read_launches gives them as `raw`, the
+    bytes a compiled pack is made of."""
     dump, _, _ = _analysed("sglang_graph")
     p = dump.params
     small = p[~p["word"] & p["size"].isin([2, 3, 5, 6, 7])]
@@ -239,22 +240,13 @@ def test_small_by_value_params_of_the_real_graph_capture():
     for seq, i, size, value in zip(small["seq"], small["i"], small["size"], small["value"]):
         raw = got[int(seq)].params[int(i)].raw
         assert raw == int(value).to_bytes(8, "little")[:int(size)]
+    # the FillFunctor launch is in the graph capture's prefill, which the compile now leaves out
+    # (test_compiles_and_both_verifiers_and_the_abi_check_accept); its pack is the frames' bytes,
+    # as read_launches gives them above, and compiler.launches packs exactly `raw`
     res = _compiled("sglang_graph")
-    m, prov = res.manifest, res.provenance
-    checked = 0
-    for prog in m["programs"]:
-        for k, c in enumerate(m["programs"][prog]["calls"]):
-            if c["op"] == "gemm":
-                continue
-            seq = prov["programs"][prog]["calls"][k]["seq"]
-            for ln in m["ops"][c["op"]]["impl"]["launches"]:
-                for i, (t, a) in enumerate(zip(ln["params"], ln["args"])):
-                    if t in ("bytes<2>", "bytes<3>", "bytes<5>", "bytes<6>", "bytes<7>"):
-                        rec = p[(p["seq"] == seq) & (p["i"] == i) & ~p["word"]].iloc[0]
-                        assert _pack_bytes(a["pack"]) == int(rec["value"]).to_bytes(8, "little")[:int(rec["size"])]
-                        checked += 1
-    assert checked and any("FillFunctor" in ln["entry"] for op in m["ops"].values()
-                           for ln in op["impl"]["launches"] if "bytes<2>" in ln.get("params", []))
+    assert "prefill" not in res.manifest["programs"]
+    fills = [x for x in got.values() if "FillFunctor" in x.symbol and any(q.size == 2 for q in x.params)]
+    assert fills
 
 
 def _sim_with_fill(tmp: Path, fill) -> Path:
