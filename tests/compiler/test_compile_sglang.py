@@ -228,6 +228,14 @@ def test_struct_pointer_fields_land_on_buffers_of_their_class(name):
             assert _kind(m, c["args"][0]) != "weight" and _kind(m, c["args"][2]) != "weight"
 
 
+def _pack_bytes(pack: dict) -> bytes:
+    b = bytearray(pack["size"])
+    for f in pack["fields"]:
+        assert "u8" in f, f        # a short by-value param holds literals only
+        b[f["at"]] = f["u8"]
+    return bytes(b)
+
+
 def test_small_by_value_params_of_the_real_graph_capture():
     """The graph capture's prefill fills a bf16 tensor (FillFunctor<BFloat16>: a 2-byte by-value
     param): the frames hold its bytes in `value` only, and read_launches gives them as `raw`, the
