@@ -34,6 +34,13 @@ python -m mine.cli compile "$DUMP" -o "$out/compiled" $fl --requests "$REF" --we
 echo "compile rc=$? at $(el) s"
 python -m mine.cli gen qwen3 --dump "$DUMP" --config "$CKPT/config.json" -o "$out/gen" --weights "$CKPT" --force > "$out/gen.log" 2>&1
 echo "gen rc=$? at $(el) s"
+# the compiled manifest again with the prompt through decode and one prefill row a call: a fault
+# that only the full-row prefill shows is the prefill program's (mine compare --prefill-rows)
+for r in 0 1; do
+  timeout 300 python -m mine.cli compare "$out/compiled" --weights "$CKPT" --reference "$REF" --prefill-rows $r \
+    --no-free-running --json "$out/compare_compiled_rows$r.json" > "$out/compare_compiled_rows$r.log" 2>&1
+  echo "compare compiled --prefill-rows $r rc=$? at $(el) s: $(tail -1 "$out/compare_compiled_rows$r.log")"
+done
 for m in gen compiled; do
   timeout 300 python -m mine.cli compare "$out/$m" --weights "$CKPT" --reference "$REF" --json "$out/compare_$m.json" \
     > "$out/compare_$m.log" 2>&1
