@@ -72,6 +72,7 @@ class Layout:
     uses: dict = field(default_factory=dict)        # (step, i, at) -> Use
     where: dict = field(default_factory=dict)       # (step, i, at) -> (kind "buf"|"state", name, offset)
     decisions: dict = field(default_factory=dict)   # address -> Decision
+    short: list = field(default_factory=list)       # workspace words whose extent may be cut short (`_grown_spans`)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def uses(prog: Program, doc: AnalysisDoc) -> list[Use]:
     return out
 
 
-def _grown_spans(p: Program, us: list, spans: dict) -> dict[int, int]:
+def _grown_spans(p: Program, us: list, spans: dict, short: list | None = None) -> dict[int, int]:
     """address -> a workspace word's extent: its span (`_spans`), grown to what the in-order
     replay measured the launch writing there, scaled from the measured forward's rows to the
     rows of the forward the program is laid out from, and never into an address its calls use
@@ -141,6 +142,9 @@ def _grown_spans(p: Program, us: list, spans: dict) -> dict[int, int]:
         if f is not None and f.context == "in-order" and f.written_bytes > 0 and rows.get(f.seq):
             grown = -(-f.written_bytes * p.rep.tokens // rows[f.seq])
             ext = max(ext, min(grown, live[u.value]))
+        elif short is not None and u.extent is None and live[u.value] > ext:
+            # cut at an address the forward uses at another time, with no measured bytes to say more
+            short.append((u.step, u.value, ext))
         out[u.value] = max(out.get(u.value, 0), ext)
     return out
 
@@ -244,7 +248,7 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
     for p in progs:
         lay = Layout()
         us = all_uses[p.name]
-        own = _grown_spans(p, us, spans)
+        own = _grown_spans(p, us, spans, lay.short)
         wrote: list[tuple[int, int]] = []         # [lo, hi) addresses written so far
         ws: dict[int, list[Use]] = {}
         read_in: dict[int, int] = {}              # input address -> the widest extent read as the input

@@ -160,6 +160,12 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
         notes = notes + cut
         layouts, decls = buffers.layout(progs, doc, changing)
     _dtypes(layouts, decls, progs)
+    for name, lay in layouts.items():
+        if lay.short and not doc.flow:
+            notes.append(f"{name}: {len(lay.short)} pointer word(s) take their extent from the span to an address the "
+                         f"forward uses at another time (an allocator's reused block), with no measured bytes: an "
+                         f"in-order replay's flow (`mine replay --in-order --flow-out`) sizes them from what the "
+                         f"calls write")
     fwds, entries = explain_inputs(dump, doc, requests, contents, progs)
     floats = frozenset(lay.where[key][1] for lay in layouts.values() for key, u in lay.uses.items() if u.operand)
     assigned = input_fills.assign(decls, progs, fwds, floats)

@@ -126,3 +126,11 @@ def test_every_measured_prefill_write_fits_its_buffer_at_the_largest_rows(compil
     for c in knorm:
         out = m["buffers"][c["args"][0]["buf"]]
         assert 2 * out["shape"][0] - c["args"][0].get("offset", 0) >= rows * k_row
+
+
+def test_without_measured_flow_the_short_extents_are_named(tmp_path):
+    """The same capture without its flow: the k-norm output's extent rests on the span to another
+    time's tensor, which nothing measured corrects; the compile says so per program."""
+    res = compile_dump(FIX / "q3t.tar.xz", tmp_path / "o", config=FIX / "q3s.config.json", cache=False)
+    short = [n for n in res.notes if "take their extent from the span to an address the forward uses at another time" in n]
+    assert any(n.startswith("prefill:") for n in short), res.notes[:5]
