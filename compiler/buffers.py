@@ -158,10 +158,23 @@ def _live_spans(us: list) -> dict[int, int]:
     addresses live at once cannot overlap."""
     live: dict[int, list] = {}
     for u in us:
-        iv = live.setdefault(u.value, [u.step, u.step, u.base, u.alloc_size])
-        iv[0], iv[1] = min(iv[0], u.step), max(iv[1], u.step)
+        iv = live.setdefault(u.value, [u.base, u.alloc_size, u.step, u.step])
+        iv[2], iv[3] = min(iv[2], u.step), max(iv[3], u.step)
+    return _to_next(live)
+
+
+def _spans(all_words: list[tuple[int, int, int]]) -> dict[int, int]:
+    """address -> bytes to the next used address of its allocation (or the allocation's end),
+    whenever that address is used: every address counts as live all the time."""
+    return _to_next({v: (base, asize, 0, 0) for v, base, asize in all_words})
+
+
+def _to_next(live: dict[int, tuple]) -> dict[int, int]:
+    """address -> bytes to the next higher address of its allocation whose live interval meets
+    its own, or to the allocation's end. `live`: address -> (allocation base, allocation size,
+    first use, last use)."""
     by: dict[int, list] = {}
-    for v, (a, b, base, size) in live.items():
+    for v, (base, size, a, b) in live.items():
         by.setdefault(base, []).append((v, a, b, size))
     out = {}
     for base, vs in by.items():
@@ -169,21 +182,6 @@ def _live_spans(us: list) -> dict[int, int]:
         for k, (v, a, b, size) in enumerate(vs):
             nxt = next((w for w, c, d, _ in vs[k + 1:] if c <= b and a <= d), base + size)
             out[v] = nxt - v
-    return out
-
-
-def _spans(all_words: list[tuple[int, int, int]]) -> dict[int, int]:
-    """address -> bytes to the next used address of its allocation (or the allocation's end)."""
-    by: dict[int, set] = {}
-    size: dict[int, int] = {}
-    for v, base, asize in all_words:
-        by.setdefault(base, set()).add(v)
-        size[base] = asize
-    out = {}
-    for base, vs in by.items():
-        u = sorted(vs)
-        for a, b in zip(u, u[1:] + [base + size[base]]):
-            out[a] = b - a
     return out
 
 

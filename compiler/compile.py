@@ -154,11 +154,10 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
     from manifests.verify import verify
 
     changing = contents.changing() if contents is not None else frozenset()
+    # prefill programs end at their last state access before the layout is made: the launches
+    # cut off must not size, type or classify a buffer
+    notes = notes + programs.end_at_state(progs, *buffers.classify(progs, doc, changing))
     layouts, decls = buffers.layout(progs, doc, changing)
-    cut = programs.end_at_state(progs, layouts)
-    if cut:
-        notes = notes + cut
-        layouts, decls = buffers.layout(progs, doc, changing)
     _dtypes(layouts, decls, progs)
     for name, lay in layouts.items():
         if lay.short and not doc.flow:

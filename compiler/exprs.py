@@ -85,6 +85,7 @@ class Fitter:
         self.batched = prog.batched
         self.limits = limits or (int(self.tokens.max()), int(self.seqs.max()))
         self.provenance: list[dict] = []   # per fitted field of a batched program: forms and choice
+        self._numels: dict[int, list | None] = {}   # call -> its element-count scalars (`_numel_grid`)
 
     def value(self, step: int, field: str, values: list[int], site: str, lane: bool = False):
         """An int (constant) or a wire expression in `rows`. A value that varies where the tokens do
@@ -167,6 +168,25 @@ class Fitter:
         apart; the kernel's own element counts can."""
         if not field.startswith("grid"):
             return None
+        if step not in self._numels:
+            self._numels[step] = self._element_counts(step)
+        numels = self._numels[step]
+        if not numels:
+            return None
+        for group in [[n] for n in numels] + ([numels] if len(numels) > 1 else []):
+            for B in (2 ** e for e in range(13)):
+                if all((sum(-(-v[j] // B) for _, v in group) == values[j]) for j in range(len(values))):
+                    terms = [f"ceil_div({e}, {B})" if B > 1 else e for e, _ in group]
+                    text = terms[0]
+                    for t in terms[1:]:
+                        text = f"add({text}, {t})"
+                    return text, " + ".join(f"ceil_div({e}, {B})" for e, _ in group)
+        return None
+
+    def _element_counts(self, step: int) -> list | None:
+        """[(linear form in tokens, values)] of the call's varying int scalar params, each an exact
+        ceil-free fit in the tokens (an element count); None where the samples' launches differ in
+        shape. Computed once per call: every grid field of the call asks for the same fits."""
         launches = [s.steps[step].launch for s in self.prog.samples]
         if any(x is None for x in launches) or len({len(x.params) for x in launches}) != 1:
             return None
@@ -184,17 +204,7 @@ class Fitter:
             lin = [e for e in lin if "ceil_div" not in e]
             if len(lin) == 1:
                 numels.append((lin[0], v))
-        if not numels:
-            return None
-        for group in [[n] for n in numels] + ([numels] if len(numels) > 1 else []):
-            for B in (2 ** e for e in range(13)):
-                if all((sum(-(-v[j] // B) for _, v in group) == values[j]) for j in range(len(values))):
-                    terms = [f"ceil_div({e}, {B})" if B > 1 else e for e, _ in group]
-                    text = terms[0]
-                    for t in terms[1:]:
-                        text = f"add({text}, {t})"
-                    return text, " + ".join(f"ceil_div({e}, {B})" for e, _ in group)
-        return None
+        return numels
 
     # ---- batched programs (a `seqs` var) -------------------------------------------------------
     def _env(self) -> dict[str, np.ndarray]:

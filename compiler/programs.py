@@ -199,19 +199,20 @@ def cut_at_logits(steps: list[Step], vocab: int | None) -> tuple[list[Step], lis
     return steps[:last + 1], steps[last + 1:]
 
 
-def end_at_state(progs: list[Program], layouts: dict) -> list[str]:
+def end_at_state(progs: list[Program], all_uses: dict, decisions: dict) -> list[str]:
     """Cut each multi-row (prefill) program after its last call that touches a state, in place;
     returns a note per cut. Why: a serving loop on kern prefills a prompt but its last token and
     takes that token's logits from the decode program (compare.host, the examples), so what a
     prefill forward computes after its last KV access only feeds the engine's own sampling of
     the prompt's last row -- and it reads what no kern fill holds (vLLM's logits_indices, the
-    last row of each sequence). `layouts`: compiler.buffers' per program, to see the states."""
+    last row of each sequence). `all_uses`, `decisions`: compiler.buffers.classify's (program ->
+    [Use], address -> Decision), to see which calls touch a state before any layout is made."""
     notes = []
     for p in progs:
         if getattr(p, "kind", p.name) != "prefill":
             continue
-        lay = layouts[p.name]
-        touched = [k for (k, _i, _at), (kind, _n, _off) in lay.where.items() if kind == "state"]
+        touched = [u.step for u in all_uses[p.name]
+                   if u.value in decisions and decisions[u.value].kind == "state"]
         if not touched or max(touched) >= len(p.rep.steps) - 1:
             continue
         keep = max(touched) + 1
