@@ -1,0 +1,180 @@
+"""Decode step of vLLM (eager or default compile + CUDA-graph mode) and of kern on any manifests of
+the same checkpoint, on one GPU, in one run.
+
+    python3 benchmarks/bench_decode_vs_vllm.py CKPT REF OUT_JSON --mode default \
+        --manifest compiled=DIR [--manifest gen=DIR ...] [--prompt-len 175] [--new 128]
+
+Why a benchmark apart from bench_qwen3_vllm_vs_kern: that one runs `mine gen qwen3`'s manifest
+through its own host; this one takes any manifest a one-sequence host can serve
+(`compare.serving`: the inputs found by their fills), so a manifest `mine compile` made from
+vLLM's default mode is timed against the default mode it came from.
+
+Each engine runs in a child process of its own, so neither allocator sees the other:
+- vLLM in-process (`--mode`): a seeded prompt of `--prompt-len` tokens generating 1 and 1 + `--new`
+  tokens (ignore EOS); the step is (t[1+new] - t[1]) / new, median of 3. GPU busy per step: the
+  CUDA kernel time torch.profiler records over the 1 + new run less the 1-token run, over new.
+- kern, per manifest: the prompt prefilled through the manifest's own programs, then the decode
+  program replayed back to back at the context vLLM's timed steps average (prompt + new / 2),
+  20 warm-up steps then 200 timed, one sync at the end: the step kern's graph replay gives a
+  serving loop that keeps tokens on the device. Also the host loop of `mine compare` (inputs
+  written from the host, logits read back, a sync a step) over `--new` steps, and the GPU busy
+  per step from torch.profiler over 50 replayed steps.
+`REF` (a `mine reference` of the checkpoint) is what `compare.run.prepare` checks each manifest
+against before it is loaded: the same checks `mine compare` makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def _prompt(ckpt: str, n: int) -> list[int]:
+    from compare import checkpoint
+    from compare.record_vllm import seeded_prompts
+
+    return seeded_prompts([n], int(checkpoint.config(Path(ckpt))["vocab_size"]), 11)[0]
+
+
+def _kernel_us(prof) -> float | None:
+    """Sum of the device-side event durations a torch.profiler run recorded (kernels, copies,
+    memsets), microseconds; None when this torch's profiler exposes neither form."""
+    from torch.autograd import DeviceType
+
+    try:
+        return float(sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA))
+    except (AttributeError, TypeError):
+        pass
+    try:
+        return float(sum(e.self_device_time_total for e in prof.key_averages()))
+    except (AttributeError, TypeError):
+        return None
+
+
+def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=ckpt, enforce_eager=(mode == "eager"), attention_backend="TRITON_ATTN", skip_tokenizer_init=True,
+              gpu_memory_utilization=0.30, max_model_len=4096, seed=0)
+    ids = _prompt(ckpt, plen)
+    sp = {n: SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, ignore_eos=True) for n in (1, 1 + new)}
+
+    def gen(n):
+        t0 = time.perf_counter()
+        llm.generate([{"prompt_token_ids": ids}], sp[n], use_tqdm=False)
+        return time.perf_counter() - t0
+
+    gen(1 + new)  # warm-up
+    runs = []
+    for _ in range(3):
+        t1, tn = gen(1), gen(1 + new)
+        runs.append((tn - t1) / new * 1e6)
+    busy = {}
+    for n in (1, 1 + new):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            gen(n)
+            torch.cuda.synchronize()
+        busy[n] = _kernel_us(prof)
+    out.write_text(json.dumps({"engine": f"vllm {mode}", "decode_step_us": statistics.median(runs),
+                               "decode_step_us_runs": runs, "gpu_busy_us": (busy[1 + new] - busy[1]) / new if None not in busy.values() else None,
+                               "prompt_len": plen, "new": new}))
+
+
+def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from compare.host import KernHost
+    from compare.run import prepare
+
+    setup = prepare(Path(mdir), Path(ckpt), Path(ref))
+    s = setup.serving
+    host = KernHost(setup.manifest_path, setup.kernels, setup.m, s, setup.weight_files, 0)
+    ids = _prompt(ckpt, plen)
+    t0 = time.perf_counter()
+    host.prefill(ids[:-1])
+    prefill_s = time.perf_counter() - t0
+    tok, pos = ids[-1], len(ids) - 1
+    t0 = time.perf_counter()
+    for _ in range(new):
+        z = host.decode(tok, pos)
+        tok, pos = int(torch.argmax(z).item()), pos + 1
+    host_loop_us = (time.perf_counter() - t0) / new * 1e6
+    ctx = plen + new // 2
+    host._feed([tok], ctx - 1)
+    args = {"rows": 1, "seqs": 1} if "seqs" in setup.m.get("vars", {}) else {"rows": 1}
+    for _ in range(20):
+        host.rt.run(s.decode, args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        host.rt.run(s.decode, args)
+    torch.cuda.synchronize()
+    step = (time.perf_counter() - t0) / 200 * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            host.rt.run(s.decode, args)
+        torch.cuda.synchronize()
+    graph = setup.m["programs"][s.decode].get("graph", False)
+    out.write_text(json.dumps({"engine": f"kern {mdir}", "decode_step_us": step, "context": ctx, "graph": graph,
+                               "decode_calls": len(setup.m["programs"][s.decode].get("calls", [])),
+                               "host_loop_step_us": host_loop_us, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
+                               "prefill_ms": prefill_s * 1e3, "prefill_tokens": len(ids) - 1}))
+
+
+def main() -> None:
+    if sys.argv[1] == "--vllm-child":
+        a = sys.argv[2:]
+        return run_vllm(a[0], a[1], int(a[2]), int(a[3]), Path(a[4]))
+    if sys.argv[1] == "--kern-child":
+        a = sys.argv[2:]
+        return run_kern(a[0], a[1], a[2], int(a[3]), int(a[4]), Path(a[5]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ckpt")
+    ap.add_argument("ref")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--mode", choices=("eager", "default"), default="default")
+    ap.add_argument("--manifest", action="append", default=[], help="NAME=DIR (repeatable)")
+    ap.add_argument("--prompt-len", type=int, default=175)
+    ap.add_argument("--new", type=int, default=128)
+    a = ap.parse_args()
+    rows = {}
+    v = a.out.with_suffix(".vllm.json")
+    r = subprocess.run([sys.executable, __file__, "--vllm-child", a.ckpt, a.mode, str(a.prompt_len), str(a.new), str(v)])
+    rows["vllm"] = json.loads(v.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
+    for spec in a.manifest:
+        name, _, mdir = spec.partition("=")
+        k = a.out.with_suffix(f".{name}.json")
+        r = subprocess.run([sys.executable, __file__, "--kern-child", a.ckpt, a.ref, mdir, str(a.prompt_len),
+                            str(a.new), str(k)])
+        rows[name] = json.loads(k.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
+    base = rows["vllm"].get("decode_step_us")
+    for name, row in rows.items():
+        if base and row.get("decode_step_us"):
+            row["ratio_to_vllm"] = round(row["decode_step_us"] / base, 3)
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": a.mode, "engines": rows}
+    try:
+        import torch
+
+        doc["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as exc:  # noqa: BLE001 -- the record says why the name is missing
+        doc["gpu"] = f"unknown ({exc})"
+    a.out.write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
