@@ -169,6 +169,18 @@ def _stack_shapes(passes: Passes) -> list[dict]:
     return out
 
 
+def _by_serving(layers: list[dict], forwards: pd.DataFrame) -> list[dict]:
+    """The layer shapes, the model's first: the stack pattern of the most serving forwards, then
+    of the most forwards. Why serving first: an engine's start-up passes (vLLM's graph captures,
+    its dummy runs of the compiled model) can outnumber the requests' forwards and run another
+    stack (the compiled warm-up's A×3 with a sampler's C×2); the requests are what the analysis
+    is of."""
+    serve = {}
+    if "pattern" in forwards and "phase" in forwards:
+        serve = forwards.loc[forwards["phase"] == "serve"].groupby("pattern").size().to_dict()
+    return sorted(layers, key=lambda d: (-serve.get(d.get("pattern"), 0), -d["forwards"]))
+
+
 def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = None) -> Analysis:
     """Run every stage on `dump`; never raises on thin data, says so in `notes` instead."""
     notes = list(dump.warnings)
@@ -198,6 +210,7 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
         phase_notes = []
         passes.forwards = tag_phases(passes.forwards, ref.tokens, phase_notes, passes.startup_until_ns)
     notes += phase_notes
+    layers = _by_serving(layers, passes.forwards)
     if n_fwd < 2:
         notes.append(f"only {n_fwd} forward pass(es) found: every non-constant fit is underdetermined")
     if ref.symbol is None:
@@ -323,7 +336,7 @@ def document(a: Analysis) -> C.AnalysisDoc:
     E = P.executed
     replays = int(E.loc[E["replay"] >= 0, "replay"].nunique()) if E is not None else 0
     shapes = [_shape(d) for d in a.layers]
-    main = max(shapes, key=lambda s: s.forwards) if shapes else None
+    main = shapes[0] if shapes else None    # the model's layer shape (`_by_serving`)
     ptrs = a.pointers.copy()
     for c in ("alloc_base", "value"):
         if c in ptrs:

@@ -391,7 +391,7 @@ def render(a, console: Console | None = None, sections=None, full: bool = False,
                 f"({len(r.candidates)} candidates tried); variables: {', '.join(a.variables)}; "
                 f"hold-out tokens: {_cell(hold) if hold is not None else 'none'}")
     if a.layers:
-        m = max(a.layers, key=lambda b: b["forwards"])
+        m = a.layers[0]     # the model's layer shape (mining.analyze._by_serving)
         c.print(f"layers: {m['layers']} x {m['sites_per_layer']} call sites"
                 + (f", pattern {m['pattern']}" if m.get("pattern") else "")
                 + f" (shapes: {', '.join(str(b.get('pattern') or b['sites_per_layer']) for b in a.layers)})")

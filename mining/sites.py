@@ -192,7 +192,7 @@ def _finer(best: dict, layer_cands: list, samples: dict, among: set | None = Non
     while a per-layer KV writer launches a block per token; a grid of tokens times heads is no
     finer (it is not 1 at a one-token step)."""
     ref = best["tokens"]
-    out = None
+    out, out_cov = None, -1
     for r in layer_cands:
         fwds, vals = samples[r["site"]]
         for k, ax in enumerate(GRID):
@@ -207,7 +207,13 @@ def _finer(best: dict, layer_cands: list, samples: dict, among: set | None = Non
                 continue
             if fit(a, b).status != "fit":
                 continue
-            if out is None or (t.loc[common] >= out["tokens"].reindex(common).fillna(0)).all():
+            # the one running in more of the forwards wins, then the finer: a decode-only kernel
+            # (a split-KV reduction) equals the KV writer wherever it runs, and is blind to the
+            # prefills it skips
+            cov = len(want.intersection(t.index))
+            if out is None or cov > out_cov or (
+                    cov == out_cov and (t.loc[common] >= out["tokens"].reindex(common).fillna(0)).all()):
+                out_cov = cov
                 out = {"symbol": r["symbol"], "axis": ax, "failures": best["failures"], "layer_failures": 0,
                        "distinct": int(t.nunique()), "dropped": best["dropped"], "max": int(t.max()),
                        "tokens": t, "flat": False, "finer_than": best["symbol"]}

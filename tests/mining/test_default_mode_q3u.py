@@ -9,6 +9,12 @@ block, which covers more launches than any layer. Before `steps._holding` the la
 that block for the layer and found 12 forwards; the truth is 6 x 8 serving forwards. Its
 one-per-forward kernels all count blocks of 4 rows (Inductor's fused embedding at hidden 256); the
 tokens are the KV writer's grid, a per-layer kernel (`sites._finer`).
+
+q3w: the same engine, mode and checkpoint, other prompts (1, 29, 113, 171 and 9 tokens, seed 47;
+H200, 2026-12-02). Its five requests make 40 serving forwards of which 36 are decodes: the split-KV
+reduction, a decode-only per-layer kernel, ran in 90% of them and was taken for the tokens (every
+prefill lost its count), and the warm-up's 51 forwards outnumbered the requests' 36 of the layer
+stack, whose pattern then named the model's layers (5, where it has 3).
 """
 
 from __future__ import annotations
@@ -25,13 +31,22 @@ from mining.load import load_dump
 FIX = FIXTURES / "compile"
 
 
+@pytest.fixture(scope="module", params=["q3u", "q3w"])
+def name(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def doc():
-    return document(analyze(load_dump(FIX / "q3u.tar.xz", cache=False)))
+def doc(name):
+    return document(analyze(load_dump(FIX / f"{name}.tar.xz", cache=False)))
 
 
-def test_one_serving_forward_per_step_of_every_request(doc):
-    ref = json.loads(lzma.decompress((FIX / "q3u.ref.json.xz").read_bytes()))
+@pytest.fixture(scope="module")
+def ref(name):
+    return json.loads(lzma.decompress((FIX / f"{name}.ref.json.xz").read_bytes()))
+
+
+def test_one_serving_forward_per_step_of_every_request(doc, ref):
     steps = sum(len(r["output"]) for r in ref["requests"])
     serve = [f for f in doc.passes.forwards if f.phase == "serve" and f.n_launches]
     assert len(serve) == steps
@@ -47,12 +62,20 @@ def test_one_serving_forward_per_step_of_every_request(doc):
         assert group[0].tokens == 1 if p == 1 else p <= group[0].tokens < 2 * p, (p, group[0].tokens)
 
 
-def test_the_layer_is_the_models_layer_not_the_warm_up_forward(doc):
+def test_the_layer_is_the_models_layer_not_the_warm_up_forward(doc, ref):
     """Three layers a forward (the checkpoint's num_hidden_layers), each of about a dozen kernels: a
     decode layer (with the split-KV reduction) of one more kernel than a prefill one."""
-    ref = json.loads(lzma.decompress((FIX / "q3u.ref.json.xz").read_bytes()))
     n = ref["model"]["num_hidden_layers"]
     lay = doc.layers
     assert lay.layers == n and 8 <= lay.sites_per_layer <= 16
     kinds = {k.sites_per_layer for sh in lay.shapes for k in sh.kinds if k.count == n}
     assert kinds and max(kinds) < 20          # no whole step (58 kernels) or warm-up (64) taken for a layer
+
+
+def test_the_tokens_reference_runs_in_every_serving_forward(doc):
+    """A decode-only kernel (the split-KV reduction) counts one token wherever it runs, as the KV
+    writer does, and knows nothing of the prefills: the reference must count every request's
+    forward, the prompts' included."""
+    serve = [f for f in doc.passes.forwards if f.phase == "serve" and f.n_launches]
+    assert all(f.tokens for f in serve), [(f.forward, f.tokens) for f in serve if not f.tokens]
+    assert any(f.tokens > 1 for f in serve)
