@@ -11,7 +11,10 @@ forward kind. Both are folds over the same per-forward records.
 - `assign`: a manifest input declaration (compiler.buffers.Decl, kind `input`) takes fill F and
   dtype D when, in the program's forwards, the copies that wrote its first byte are named F as D
   by at least one `exact` or `structure` match and by no other fill; its size must hold whole D
-  elements. Otherwise it stays unnamed and the reason is recorded. A declaration of kind `inout`
+  elements. A copy's matches describe the array at the copy's start: where the declaration's first
+  byte lies k > 0 bytes into the copy, the bytes from there are matched anew (an engine's allocator
+  puts a later tensor inside the block a staging copy filled; element 0 of the fill is not the
+  declaration's). Otherwise it stays unnamed and the reason is recorded. A declaration of kind `inout`
   (a call writes it later) is never filled: kern puts fills on inputs only.
 """
 
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from compiler import fills
 from compiler.inputs import Array, ForwardInputs
 from vocab.wire import DTYPE_BYTES
 
@@ -92,6 +96,9 @@ class Assigned:
     fill: str | None
     dtype: str | None
     because: str
+    # how strong the evidence for the fill is, to rank two inputs of one fill in one program (merge):
+    # (2,) the vocabulary's table reads it, (1, n) n arrays name it, (0, n) n forwards' weak matches agree
+    strength: tuple = ()
 
 
 def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = frozenset()) -> list[Assigned]:
@@ -120,22 +127,24 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
                     if not _at(a, start):
                         continue
                     seen += 1
-                    m = a.named
+                    matches = _matches_at(a, start, fi)
+                    m = matches[0] if matches else None
                     if m is not None and m.page and m.sure in TRUSTED:
                         pages[m.page] += 1       # a weak match's page is one of several that fit
                     if a.data is None:
                         no_bytes += 1
                     elif m is None or m.sure not in TRUSTED:
-                        unnamed[a.note or f"only a {m.sure} {m.fill} match"] += 1
+                        unnamed[_inside(a, start, matches) or a.note or f"only a {m.sure} {m.fill} match"] += 1
                         if fi.step is not None:      # without a step the bytes say nothing either way
-                            loose.append({x.fill for x in a.matches})
-                        if m is not None and m.sure == "weak" and len({x.fill for x in a.matches}) == 1:
-                            wide = max(a.matches, key=lambda x: DTYPE_BYTES[x.dtype])
+                            loose.append({x.fill for x in matches})
+                        if m is not None and m.sure == "weak" and len({x.fill for x in matches}) == 1:
+                            wide = max(matches, key=lambda x: DTYPE_BYTES[x.dtype])
                             one = fi.step is not None and len(fi.step.runs) == 1
-                            if len(a.matches) == 1 or one:
+                            if len(matches) == 1 or one:
                                 # several widths read one value (the bytes past it are zero): with
                                 # one sequence the widest fill writes what any of those readers expects
-                                weak.setdefault((m.fill, wide.dtype), {})[s.forward] = a.data[:DTYPE_BYTES[wide.dtype]]
+                                off = start - a.dst
+                                weak.setdefault((m.fill, wide.dtype), {})[s.forward] = a.data[off:off + DTYPE_BYTES[wide.dtype]]
                     else:
                         names[(m.fill, m.dtype)] += 1
         d.page = pages.most_common(1)[0][0] if pages else None
@@ -145,7 +154,7 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
             d.fill, d.dtype = fill, dtype
             out.append(Assigned(d.name, fill, dtype, f"too few elements to tell in any one forward, but {n} of the "
                                                      f"program's forwards name it {fill} ({dtype}) and nothing else, "
-                                                     f"over {k} different values"))
+                                                     f"over {k} different values", (0, n)))
             continue
         why = _why_not(d, seen, no_bytes, unnamed, names, loose)
         if why:
@@ -154,8 +163,29 @@ def assign(decls: dict, progs, fwds: list[ForwardInputs], floats: frozenset = fr
         (fill, dtype), n = names.most_common(1)[0]
         d.fill, d.dtype = fill, dtype
         out.append(Assigned(d.name, fill, dtype, f"{n} array(s) at its first byte in the program's forwards "
-                                                 f"are named {fill} ({dtype}); none names another fill"))
+                                                 f"are named {fill} ({dtype}); none names another fill", (1, n)))
     return out
+
+
+def _matches_at(a: Array, start: int, fi: ForwardInputs) -> list:
+    """The fills the array's bytes from device address `start` match: its own matches where it
+    starts there; else its bytes from that offset matched anew for the forward's step (a copy's
+    match names the array at its first byte, never a tensor the allocator placed further in)."""
+    off = start - a.dst
+    if off == 0:
+        return a.matches
+    if a.data is None or off >= len(a.data):
+        return []
+    return fills.match(a.data[off:], fi.step, fi.tokens, prefix=a.source in ("host", "replay"))
+
+
+def _inside(a: Array, start: int, matches: list) -> str:
+    """Why a copy's fill is not the declaration's, where it covers the declaration from inside."""
+    if start == a.dst or a.named is None or a.named.sure not in TRUSTED or (matches and matches[0].sure in TRUSTED):
+        return ""
+    return (f"the copy covering it from {start - a.dst} bytes below its first byte holds {a.named.fill} "
+            f"({a.named.dtype}) from the copy's start; its bytes from the declaration's first byte name no fill "
+            f"surely")
 
 
 def _at(a: Array, start: int) -> bool:
@@ -229,22 +259,20 @@ def merge(decls: dict, layouts: dict, assigned: list[Assigned]) -> list[str]:
     """One input per fill, named for it: the programs' inputs of one fill (decode's token ids and
     prefill's sit at different engine addresses) become one declaration, as large as the largest,
     which every program's calls address. Why: kern's host writes an input by its fill, whichever
-    program runs next; two buffers of one fill would leave one of them stale. Not merged (a note
-    says so) when one program addresses two of them: the fill then names two different arrays."""
+    program runs next; two buffers of one fill would leave one of them stale. Where one program
+    addresses several of them, the fill names different arrays of that program and a host writes a
+    fill once: `_strongest` keeps one of them first."""
     notes = []
     by_fill: dict[str, list[str]] = {}
     for name, d in decls.items():
         if d.kind == "input" and d.fill:
             by_fill.setdefault(d.fill, []).append(name)
     rename: dict[str, str] = {}
+    byname = {a.name: a for a in assigned}
     for fill, names in sorted(by_fill.items()):
-        users = {p: {n for kind, n, _ in lay.where.values() if n in names} for p, lay in layouts.items()}
-        if any(len(u) > 1 for u in users.values()):
-            notes.append(f"inputs {', '.join(names)} all read as {fill}, but one program addresses several of "
-                         f"them: kept apart (a host fills each)")
-            continue
-        if fill in decls and fill not in names:
-            continue            # the name is taken (never by the compiler's own names today)
+        names = _strongest(fill, names, decls, layouts, byname, notes)
+        if not names or (fill in decls and fill not in names):
+            continue            # none kept, or the name is taken (never by the compiler's own names today)
         keep = max(names, key=lambda n: decls[n].size)
         d = decls[keep]
         d.size = max(decls[n].size for n in names)
@@ -264,6 +292,38 @@ def merge(decls: dict, layouts: dict, assigned: list[Assigned]) -> list[str]:
     for a in assigned:
         a.name = rename.get(a.name, a.name)
     return notes
+
+
+def _strongest(fill: str, names: list[str], decls: dict, layouts: dict, byname: dict, notes: list) -> list[str]:
+    """The inputs of `fill` that keep it: where one program addresses several, the one with the
+    strongest evidence (`Assigned.strength`: what the program does with it, then how many arrays
+    name it); the others go back to unnamed, with a note and their reason. Evidence of equal
+    strength decides nothing: all of them go. Why not keep them all: kern fills an input by its
+    fill, so two of one fill are refused (compare.serving), and one of them holds something else
+    (vLLM's logits_indices inside the block a copy of the prompt's ids filled)."""
+    odd = {n for lay in layouts.values() for kind, n, off in lay.where.values() if kind == "buf" and off % 2}
+    for p, lay in sorted(layouts.items()):
+        used = sorted({n for kind, n, _ in lay.where.values() if n in names},
+                      key=lambda n: byname[n].strength, reverse=True)
+        if len(used) < 2:
+            continue
+        best = byname[used[0]]
+        tie = byname[used[1]].strength == best.strength
+        drop = used if tie else used[1:]
+        for n in drop:
+            # what an unnamed input is (compile._dtypes): bf16, or bytes where a size or offset is odd
+            decls[n].fill, decls[n].dtype = "", ("u8" if decls[n].size % 2 or n in odd else "bf16")
+            a = byname[n]
+            a.fill = a.dtype = None
+            a.because = (f"its bytes name it {fill}, but program {p} also addresses "
+                         f"{', '.join(x for x in used if x != n)} as {fill}, "
+                         + ("on evidence as strong: none keeps the fill" if tie else
+                            f"on stronger evidence ({best.because})") + f"; was: {a.because}")
+        notes.append(f"inputs {', '.join(sorted(used))} all read as {fill} in program {p}: "
+                     + (f"their evidence is equally strong, so none is named {fill}" if tie else
+                        f"{used[0]} keeps the fill (strongest evidence), {', '.join(used[1:])} left unnamed"))
+        names = [n for n in names if n not in drop]
+    return names
 
 
 def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], vocab: int,
@@ -319,9 +379,10 @@ def by_vocabulary(decls: dict, layouts: dict, progs, fwds: list[ForwardInputs], 
         why = (f"the only input of {where}, the first call reading the vocabulary's {vocab}-row table; its bytes "
                f"read as {dtype} ids below {vocab} in every forward that has them")
         if name in byname:
-            byname[name].fill, byname[name].dtype, byname[name].because = "token", dtype, why
+            a = byname[name]
+            a.fill, a.dtype, a.because, a.strength = "token", dtype, why, (2,)
         else:
-            assigned.append(Assigned(name, "token", dtype, why))
+            assigned.append(Assigned(name, "token", dtype, why, (2,)))
     return notes
 
 
