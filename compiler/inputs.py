@@ -6,7 +6,7 @@ is the token ids, which the positions... (kern's `fill`). The copy log (copies.j
 small ones; this module ties those copies to the analysis' forwards and names them
 (`compiler.fills`) against the step of the requests they served (`compiler.requests`).
 
-Per forward (the analysis' launch range [first_seq, last_seq]):
+Per forward (the seq range of its live launches: a CUDA graph's nodes keep their capture's seqs):
 - **copies**: those whose `seq_before` is the forward's first launch, or falls after the previous
   forward and up to this one's first (`before`), or between its launches (`inside`), of the reader
   rule's kind (succeeded, not a graph node); their bytes where the log kept them.
@@ -90,34 +90,64 @@ def _alloc_of(allocs, v: int, params=None) -> tuple[int, int] | None:
     return None
 
 
+def _executed(f) -> np.ndarray:
+    """The forward's launch seqs in the order they ran (the analysis' runs; its seq range where
+    it has none)."""
+    if f.seqs:
+        return np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in f.seqs])
+    return np.arange(f.first_seq, f.last_seq + 1, dtype=np.int64)
+
+
+def _live(order: np.ndarray, graph_seqs: np.ndarray) -> np.ndarray:
+    """Mask of `order`'s launches the host made when they ran: not a node of a CUDA graph. Why:
+    a replayed graph's kernels carry the seqs of its capture, made long before (vLLM captures its
+    decode graph at start-up), so only live launches place a forward among the host's copies;
+    by its first seq every decode replay would begin at the capture and span all the others."""
+    return ~np.isin(order, graph_seqs)
+
+
 def collect(dump, doc) -> list[ForwardInputs]:
-    """Per forward of the analysis (with launches): its copies, their readers, its host reads."""
-    fwds = sorted((f for f in doc.passes.forwards if f.n_launches), key=lambda f: f.first_seq)
+    """Per forward of the analysis (with launches): its copies, their readers, its host reads.
+    A forward's extent is that of its live launches (`_live`); a copy's readers are the launches
+    the forward ran after the live launch the copy precedes, graph nodes among them."""
+    L = dump.launches
+    cap = L["capture_id"] if "capture_id" in L else None      # -1 (or missing): launched live
+    graph_seqs = (L.loc[cap.notna() & (cap >= 0), "seq"].to_numpy(np.int64) if cap is not None
+                  else np.zeros(0, np.int64))
+    ext = []
+    for f in doc.passes.forwards:
+        if not f.n_launches:
+            continue
+        order = _executed(f)
+        live = _live(order, graph_seqs)
+        lo, hi = (int(order[live].min()), int(order[live].max())) if live.any() else (f.first_seq, f.last_seq)
+        ext.append((lo, f, order, live, hi))
+    ext.sort(key=lambda e: e[0])
     C = getattr(dump, "copies", None)
     P = dump.params
     ptr = P[P["is_ptr"]]
     pseq, pval = ptr["seq"].to_numpy(np.int64), ptr["value"].to_numpy(np.uint64)
     pi, pat = ptr["i"].to_numpy(), ptr["at"].to_numpy()
-    sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
+    sym = dict(zip(L["seq"].to_numpy(np.int64).tolist(), L["symbol"].astype(str)))
     allocs = _allocs(dump)
     hosts = host_ranges(dump) or []
-    out = []
-    owner = _owners(C, fwds) if C is not None and len(C) else {}
-    for f in fwds:
-        fi = ForwardInputs(f.forward, f.phase, f.tokens, f.first_seq, f.last_seq)
-        if owner:
-            sel = C[C["seq"].map(owner).eq(f.forward)].sort_values("seq")
-            for r in sel.itertuples(index=False):
-                dst, size = int(r.dst), int(r.size)
-                a = Array("copy", int(r.seq), dst, size, "before" if r.seq_before <= f.first_seq else "inside",
-                          r.data if r.has_bytes else None, alloc=_alloc_of(allocs, dst))
-                hit = ((pseq >= max(f.first_seq, int(r.seq_before))) & (pseq <= f.last_seq)
-                       & (pval >= np.uint64(dst)) & (pval < np.uint64(dst + size)))
-                for k in np.flatnonzero(hit):
-                    a.readers.append(Reader(int(pseq[k]), sym.get(int(pseq[k]), ""), int(pi[k]), int(pat[k]),
-                                            int(pval[k]) - dst))
-                fi.arrays.append(a)
-        out.append(fi)
+    out = [ForwardInputs(f.forward, f.phase, f.tokens, lo, hi) for lo, f, _o, _l, hi in ext]
+    owner = _owners(C, out) if C is not None and len(C) else {}
+    for fi, (_lo, f, order, live, _hi) in zip(out, ext):
+        if not owner:
+            continue
+        sel = C[C["seq"].map(owner).eq(f.forward)].sort_values("seq")
+        for r in sel.itertuples(index=False):
+            dst, size = int(r.dst), int(r.size)
+            a = Array("copy", int(r.seq), dst, size, "before" if r.seq_before <= fi.first else "inside",
+                      r.data if r.has_bytes else None, alloc=_alloc_of(allocs, dst))
+            after = np.flatnonzero(live & (order >= int(r.seq_before)))
+            ran = order[after[0]:] if len(after) else order[:0]
+            hit = (np.isin(pseq, ran) & (pval >= np.uint64(dst)) & (pval < np.uint64(dst + size)))
+            for k in np.flatnonzero(hit):
+                a.readers.append(Reader(int(pseq[k]), sym.get(int(pseq[k]), ""), int(pi[k]), int(pat[k]),
+                                        int(pval[k]) - dst))
+            fi.arrays.append(a)
     if hosts:
         _host_reads(dump, out, hosts, sym)
     return out
@@ -162,19 +192,20 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
                                alloc=_alloc_of(allocs, w.addr)))
 
 
-def _owners(C, fwds) -> dict[int, int]:
-    """copy seq -> the forward it feeds: the forward whose first launch is the copy's `seq_before`;
-    else one whose launches the copy falls between (`inside`); else the next forward to start.
-    (Forwards may overlap: an engine launches a forward's sampling after the next one's first.)"""
-    firsts = np.array([f.first_seq for f in fwds], np.int64)
+def _owners(C, fwds: list[ForwardInputs]) -> dict[int, int]:
+    """copy seq -> the forward it feeds: the forward whose first live launch is the copy's
+    `seq_before`; else one whose live launches the copy falls between (`inside`); else the next
+    forward to start. (Forwards may overlap: an engine launches a forward's sampling after the
+    next one's first.)"""
+    firsts = np.array([f.first for f in fwds], np.int64)
     out = {}
     ok = C[(C["result"] == 0) & ~C["in_graph"] & (C["size"] > 0)]
     for seq, before in zip(ok["seq"].astype(int), ok["seq_before"].astype(int)):
         k = int(np.searchsorted(firsts, before, side="left"))
-        if k < len(fwds) and fwds[k].first_seq == before:
+        if k < len(fwds) and fwds[k].first == before:
             out[seq] = fwds[k].forward
             continue
-        inside = [f for f in fwds if f.first_seq < before <= f.last_seq]
+        inside = [f for f in fwds if f.first < before <= f.last]
         if inside:
             out[seq] = inside[-1].forward
         elif k < len(fwds):
