@@ -33,6 +33,7 @@ from compiler.requests import Step
 
 DTYPES = {"i32": np.dtype("<i4"), "i64": np.dtype("<i8")}
 PAGES = (8, 16, 32, 64, 128, 256, 512, 1024)
+SURE = {"exact": 0, "structure": 1, "weak": 2}     # surest first
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
                                  f"ceil(len / {b[0]}) leading entries distinct, {how}", n, prefix, b[0]))
     out = [_weak_prefix(m, step) for m in out]
     # surest first; a blocks reading (the loosest test) after any other of the same sureness
-    return sorted(out, key=lambda m: ({"exact": 0, "structure": 1, "weak": 2}[m.sure], m.fill == "blocks",
+    return sorted(out, key=lambda m: (SURE[m.sure], m.fill == "blocks",
                                       m.dtype != "i32"))
 
 

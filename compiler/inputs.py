@@ -161,7 +161,11 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
     (forward -> the seqs of its program's launches): of an address's records in a forward, the
     one current at the first kept launch passing it is taken (the staging kernels left out of
     the program ran before it and wrote the forward's values), and an address no kept launch
-    passes is left out (only staging reads it); without `kept`, the first record."""
+    passes is left out (only staging reads it); without `kept`, the first record. A window of
+    several forwards opens with the replay's warm-up forward (replay.select.warm_start), whose
+    words are left out: its staging kernels read the engine's device-side request state, which
+    launches before the window wrote and the replay never ran, so they stage values of no step
+    (a decode's sequence length 1, its position 0)."""
     sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
     allocs = _allocs(dump)
     by: dict[tuple[int, int], list] = {}
@@ -169,6 +173,9 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
         fi = next((f for f in fwds if f.first <= w.seq <= f.last), None)
         if fi is not None:
             by.setdefault((fi.forward, w.addr), []).append((fi, w))
+    warm = next((f.forward for f in fwds if f.first <= contents.window[0] <= f.last), None)
+    if {fw for fw, _ in by} - {warm}:
+        by = {k: v for k, v in by.items() if k[0] != warm}
     users: dict[int, list[int]] = {}
     if kept:
         P = dump.params
@@ -240,28 +247,10 @@ def _host_reads(dump, fwds: list[ForwardInputs], hosts, sym) -> None:
 
 
 def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
-    """Each forward's step (the one its arrays match best) and each array's matches."""
-    used: set[int] = set()
-    for fi in fwds:
-        # the analysis' token count ranks, never filters: a batched forward's count may be its
-        # sequences (issue 17); the step whose values the most arrays equal exactly wins
-        best, key = None, (0,)
-        for s in ([] if reqs is None else reqs.steps):
-            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
-                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
-            k = (n, s.tokens == fi.tokens, s.index not in used, -s.index)
-            if n and k > key:
-                best, key = s, k
-        if best is not None:
-            fi.step = best
-            used.add(best.index)
-            agree = ("" if fi.tokens is None else f"; its {best.tokens} tokens agree with the analysis'"
-                     if best.tokens == fi.tokens else f"; the analysis counts {fi.tokens} tokens, the step "
-                     f"{best.tokens} (sequences {len(best.runs)})")
-            fi.step_because = f"{key[0]} of the forward's arrays equal step {best.index}'s values exactly{agree}"
-        elif reqs is not None:
-            fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+    """Each forward's step (the one its arrays match best, in the order the engine ran them) and
+    each array's matches."""
     if reqs is not None:
+        _tie(fwds, reqs.steps)
         _by_order(fwds, reqs.steps)
     for fi in fwds:
         for a in fi.arrays:
@@ -274,6 +263,57 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
             if not a.matches:
                 a.note = ("matches no input of step %d" % fi.step.index if fi.step is not None
                           else "matches nothing by structure, and no step is known")
+
+
+def _tie(fwds: list[ForwardInputs], steps) -> None:
+    """Each forward's step from its arrays: a step is a candidate where some array equals its
+    values exactly; of all candidates, the forwards keep the chain in which later forwards take
+    later steps with the most exact arrays (then the most token counts agreeing with the
+    analysis'; the analysis' count ranks, never filters: a batched forward's count may be its
+    sequences, issue 17). Why a chain: the engine ran the steps in order, one per forward, and a
+    one-element array (a decode's length, a count the engine copies) equals some value of many
+    steps by chance; a forward tied out of order by it would also break the stretch `_by_order`
+    pairs around it. A forward whose candidates all break the chain keeps none (it says why)."""
+    cands = []                      # (forward's place, step, exact arrays, token count agrees)
+    for k, fi in enumerate(fwds):
+        if fi.phase != "serve":
+            # the engine's start-up passes serve no request: a warm-up's stale staging bytes
+            # equal a step's values by chance (q3w's dummy runs held a prompt's length)
+            fi.step_because = "a start-up pass: it serves no step of the requests"
+            continue
+        for s in steps:
+            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
+                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
+            if n:
+                cands.append((k, s, n, int(s.tokens == fi.tokens)))
+    # best[i]: the heaviest chain ending at candidate i (weight, previous); weights add as (arrays, agreements)
+    best: list[tuple[tuple[int, int], int | None]] = []
+    for i, (k, s, n, agree) in enumerate(cands):
+        prev = max((j for j in range(i) if cands[j][0] < k and cands[j][1].index < s.index),
+                   key=lambda j: best[j][0], default=None)
+        w = best[prev][0] if prev is not None else (0, 0)
+        best.append(((w[0] + n, w[1] + agree), prev))
+    end = max(range(len(cands)), key=lambda i: best[i][0], default=None)
+    chosen = {}
+    while end is not None:
+        chosen[cands[end][0]] = cands[end]
+        end = best[end][1]
+    for k, fi in enumerate(fwds):
+        mine = [c for c in cands if c[0] == k]
+        if k in chosen:
+            _, s, n, agree = chosen[k]
+            fi.step = s
+            fi.step_because = f"{n} of the forward's arrays equal step {s.index}'s values exactly" + (
+                "" if fi.tokens is None else f"; its {s.tokens} tokens agree with the analysis'" if agree
+                else f"; the analysis counts {fi.tokens} tokens, the step {s.tokens} (sequences {len(s.runs)})")
+        elif mine:
+            top = max(mine, key=lambda c: c[2])
+            fi.step_because = (f"{top[2]} of the forward's arrays equal step {top[1].index}'s values exactly, but the "
+                               f"forwards around it took steps that the engine ran "
+                               f"{'after' if any(c[0] < k and c[1].index > top[1].index for c in chosen.values()) else 'before'}"
+                               f" it (steps run in order): no step")
+        else:
+            fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
 
 
 def _by_order(fwds: list[ForwardInputs], steps) -> None:

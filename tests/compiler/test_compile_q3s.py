@@ -78,9 +78,13 @@ def test_the_engines_device_staging_is_left_out_and_its_outputs_are_inputs(compi
         staged = {s for _, s in prov["programs"][prog]["staging"]}
         assert {"_prepare_pos_seq_lens_kernel", "_compute_slot_mappings_kernel"} <= staged
     # the staging kernels' outputs are the programs' inputs now: the rotary kernel's positions and
-    # the KV writer's slots. The prefill forward's bytes name them exactly; the replayed decodes'
-    # one-element values fit them weakly (a slot fits several page sizes) and contradict nothing,
-    # so both carry their fill, whose width the prefill's several elements tell (i64)
+    # the KV writer's slots. This contents file is of the first in-order replay, which recorded a
+    # word once per forward, at the first launch passing it: before the forward's staging wrote
+    # it, so it holds the previous step's values. With each forward tied to its own step (the
+    # chain of compiler.inputs._tie) those bytes contradict it, and neither input may carry a fill
+    # from them; q3t's and q3v's files (a record again where a launch finds the bytes changed) name
+    # both (test_compile_q3t, test_compile_q3v). Before the chain, decode forward 12 took the
+    # prefill's step by its stale bytes, which named them by chance.
     for prog in ("decode", "prefill"):
         calls = prov["programs"][prog]["calls"]
         rot = next(c for c in calls if "rotary_embedding_kernel" in c["site"])
@@ -89,7 +93,7 @@ def test_the_engines_device_staging_is_left_out_and_its_outputs_are_inputs(compi
         slot = next(w["to"][1] for w in kv["words"] if w["param"] == 4)
         for name, fill in ((pos, "position"), (slot, "slot")):
             assert m["buffers"][name]["kind"] == "input", name
-            assert (m["buffers"][name].get("fill"), m["buffers"][name]["dtype"]) == (fill, "i64"), name
+            assert m["buffers"][name].get("fill") in (None, fill), name
 
 
 def test_decode_ends_at_its_logits_and_prefill_at_its_last_kv_access(compiled):

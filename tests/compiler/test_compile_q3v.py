@@ -1,0 +1,77 @@
+"""`mine compile` on q3v: the q3t case on other prompts, each forward tied to its own step.
+
+tests/fixtures/compile/q3v: vLLM 0.26 eager on the q3s checkpoint (q3s.config.json), captured on one
+H200 on 2026-12-02 serving compare.record_vllm's seeded requests of 1, 29, 113, 171 and 9 prompt
+tokens (seed 47, 8 new each), with every copy's and host pointee's bytes and a start-up snapshot
+(left out here). Its flow and contents are `mine replay --forward 11 --forward 14 --in-order` there
+(tests/gpu_results/session11). Two faults it showed, both general:
+- a one-element copy equals some value of many steps by chance: forward 15 (step 12) took step 2 by
+  a copied `[3]`, and the forwards around it then paired with no step (`_by_order` needs its stretch
+  whole), so the replayed decodes had none and `seq_len` went unnamed. Steps are now the heaviest
+  chain in which later forwards take later steps (compiler.inputs._tie);
+- the block a copy of the prompt's ids (i32) filled held, 512 bytes in, vLLM's logits_indices: its
+  first byte lay inside the copy, and it was named a second `token` (compiler.input_fills._matches_at).
+"""
+
+from __future__ import annotations
+
+import lzma
+
+import pytest
+from paths import FIXTURES
+
+from compare.serving import serving
+from compiler.compile import compile_dump, explain_inputs
+from compiler.requests import read_requests
+from manifests.kern_oracle import quiet_stderr, verdict
+from manifests.verify import verify
+from mining.analyze import analyze, document
+from mining.load import load_dump
+from vocab import contents as VC
+
+FIX = FIXTURES / "compile"
+FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu_seqlens": "i32", "blocks": "i32"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("q3v")
+    for name in ("flow", "contents", "ref"):
+        (tmp / f"{name}.json").write_bytes(lzma.decompress((FIX / f"q3v.{name}.json.xz").read_bytes()))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def compiled(files):
+    res = compile_dump(FIX / "q3v.tar.xz", files / "out", analysis=files / "flow.json",
+                       contents=files / "contents.json", requests=files / "ref.json",
+                       config=FIX / "q3s.config.json", cache=False)
+    return res, files / "out"
+
+
+def test_verified_by_both_and_a_one_sequence_host_can_serve_it(compiled):
+    res, out = compiled
+    assert verify(res.manifest) == []
+    with quiet_stderr():
+        v = verdict(out / "manifest.json")
+    assert v.accepted, v.violations[:3]
+    s = serving(res.manifest)
+    assert set(s.inputs) == set(FILLS) and s.prefill and s.decode
+
+
+def test_every_fill_is_named_once_with_its_width(compiled):
+    m = compiled[0].manifest
+    named = [(b["fill"], b["dtype"]) for b in m["buffers"].values() if b["kind"] == "input" and b.get("fill")]
+    assert sorted(named) == sorted(FILLS.items())
+
+
+def test_serving_forwards_take_every_step_in_order(files):
+    dump = load_dump(FIX / "q3v.tar.xz", cache=False)
+    doc = document(analyze(dump))
+    reqs = read_requests(files / "ref.json")
+    fwds, _ = explain_inputs(dump, doc, reqs, VC.read(files / "contents.json"))
+    serve = [fi for fi in fwds if fi.phase == "serve"]
+    steps = [fi.step.index for fi in serve if fi.step is not None]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert len(steps) == len(reqs.steps), [(fi.forward, fi.step_because) for fi in serve if fi.step is None][:3]
+    assert all(fi.step is None for fi in fwds if fi.phase != "serve")
