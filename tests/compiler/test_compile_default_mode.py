@@ -7,7 +7,10 @@ rules tell them apart, from the launch itself rather than from more samples:
 - a kernel's own int scalar is an element count or a stride: its form without a ceil_div;
 - a Triton grid axis is ceil_div(xnumel, XBLOCK), and an Inductor combo kernel's is the sum over its
   sub-kernels, with each xnumel one of the launch's scalar params.
-q3ds and q3u compile and both verifiers accept them; q3d's prefill is left out at its attention, whose
+q3w (the same engine and checkpoint as q3u, prompts of 1, 29, 113, 171 and 9 tokens) is the
+capture the analysis first failed on: its decode-only split-KV reduction had become the tokens
+reference (tests/mining/test_default_mode_q3u.py). q3ds, q3u and q3w compile and both verifiers
+accept them; q3d's prefill is left out at its attention, whose
 grid counts the unpadded tokens (no form of the padded rows gives it).
 """
 
@@ -21,7 +24,8 @@ from manifests.kern_oracle import quiet_stderr, verdict
 from manifests.verify import verify
 from vocab import expr as V
 
-CASES = {"q3ds": FIXTURES / "suite" / "q3ds.tar.xz", "q3u": FIXTURES / "compile" / "q3u.tar.xz"}
+CASES = {"q3ds": FIXTURES / "suite" / "q3ds.tar.xz", "q3u": FIXTURES / "compile" / "q3u.tar.xz",
+         "q3w": FIXTURES / "compile" / "q3w.tar.xz"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -77,7 +81,7 @@ def test_every_grid_reproduces_the_captures_samples(compiled):
                 assert got == tuple(s.steps[k].launch.grid), (name, s.forward, k, ln["entry"][:40], got)
                 checked += 1
     assert serve and checked >= 3 * len(serve), name
-    if name == "q3u":
+    if name in ("q3u", "q3w"):       # hidden 256: Inductor's combo kernels of 4 and 2 rows a token
         assert [n for n in res.notes if "element counts in blocks" in n], name
 
 
