@@ -14,11 +14,16 @@ did not.
 from __future__ import annotations
 
 import lzma
+import sys
+from pathlib import Path
 
 import pytest
 from paths import FIXTURES
 
-from compiler.compile import compile_dump
+sys.path.insert(0, str(Path(__file__).parent))
+from replayed import compile_replayed  # noqa: E402
+
+from compiler.compile import compile_dump  # noqa: E402
 from manifests.kern_oracle import quiet_stderr, verdict
 from manifests.verify import verify
 
@@ -28,12 +33,7 @@ FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("q3t")
-    for name in ("flow", "contents", "ref"):
-        (tmp / f"{name}.json").write_bytes(lzma.decompress((FIX / f"q3t.{name}.json.xz").read_bytes()))
-    res = compile_dump(FIX / "q3t.tar.xz", tmp / "out", analysis=tmp / "flow.json", contents=tmp / "contents.json",
-                       requests=tmp / "ref.json", config=FIX / "q3s.config.json", cache=False)
-    return res, tmp / "out"
+    return compile_replayed("q3t", tmp_path_factory.mktemp("q3t"))
 
 
 def test_verified_by_both(compiled):

@@ -15,13 +15,17 @@ tokens (seed 47, 8 new each), with every copy's and host pointee's bytes and a s
 
 from __future__ import annotations
 
-import lzma
+import sys
+from pathlib import Path
 
 import pytest
 from paths import FIXTURES
 
+sys.path.insert(0, str(Path(__file__).parent))
+from replayed import compile_replayed, unpack  # noqa: E402
+
 from compare.serving import serving
-from compiler.compile import compile_dump, explain_inputs
+from compiler.compile import explain_inputs
 from compiler.requests import read_requests
 from manifests.kern_oracle import quiet_stderr, verdict
 from manifests.verify import verify
@@ -34,19 +38,13 @@ FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("q3v")
-    for name in ("flow", "contents", "ref"):
-        (tmp / f"{name}.json").write_bytes(lzma.decompress((FIX / f"q3v.{name}.json.xz").read_bytes()))
-    return tmp
+def compiled(tmp_path_factory):
+    return compile_replayed("q3v", tmp_path_factory.mktemp("q3v"))
 
 
 @pytest.fixture(scope="module")
-def compiled(files):
-    res = compile_dump(FIX / "q3v.tar.xz", files / "out", analysis=files / "flow.json",
-                       contents=files / "contents.json", requests=files / "ref.json",
-                       config=FIX / "q3s.config.json", cache=False)
-    return res, files / "out"
+def files(tmp_path_factory):
+    return unpack("q3v", tmp_path_factory.mktemp("q3v_files"))
 
 
 def test_verified_by_both_and_a_one_sequence_host_can_serve_it(compiled):
