@@ -169,8 +169,12 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
     sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
     allocs = _allocs(dump)
     by: dict[tuple[int, int], list] = {}
+    # a record's span id is its forward's first live launch (`replay.forward.executed_window`;
+    # a seq window's spans start there too); a file whose ids name no forward so falls back on
+    # the launch's seq inside a forward's live extent
+    by_first = {f.first: f for f in fwds}
     for w in contents.words:
-        fi = next((f for f in fwds if f.first <= w.seq <= f.last), None)
+        fi = by_first.get(w.forward) or next((f for f in fwds if f.first <= w.seq <= f.last), None)
         if fi is not None:
             by.setdefault((fi.forward, w.addr), []).append((fi, w))
     warm = next((f.forward for f in fwds if f.first <= contents.window[0] <= f.last), None)
@@ -184,13 +188,23 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
         for sq, v in zip(P["seq"].to_numpy(np.int64)[hit].tolist(), vals[hit].tolist()):
             users.setdefault(int(v), []).append(sq)
     for (forward, addr), recs in by.items():
-        recs.sort(key=lambda r: r[1].seq)
         fi, w = recs[0]
         mine = (kept or {}).get(forward)
-        first = min((sq for sq in users.get(addr, ()) if mine and sq in mine and sq >= w.seq), default=None)
-        if first is not None:
-            fi, w = [r for r in recs if r[1].seq <= first][-1]
-        elif mine:
+        if any(not fi.first <= r.seq <= fi.last for _, r in recs):
+            # records of a graph replay's kernels (their seqs are the capture's): in the order they
+            # were made, which is the order the window ran; the first at a kept launch holds what
+            # it read (the staging before it changed the bytes, so it was recorded again)
+            at_kept = [r for r in recs if mine and r[1].seq in mine]
+            first = None if not at_kept else at_kept[0][1].seq
+            if at_kept:
+                fi, w = at_kept[0]
+        else:
+            recs.sort(key=lambda r: r[1].seq)
+            fi, w = recs[0]
+            first = min((sq for sq in users.get(addr, ()) if mine and sq in mine and sq >= w.seq), default=None)
+            if first is not None:
+                fi, w = [r for r in recs if r[1].seq <= first][-1]
+        if first is None and mine:
             # only launches the program leaves out (staging) pass it: no input of the program, and
             # its first record is the previous step's bytes, which would name the wrong step
             continue

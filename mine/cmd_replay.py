@@ -118,21 +118,42 @@ def replay_cmd(
         typer.echo(f"wrote {flow_out} ({len(doc.flow)} measured pointer words)")
 
 
+def _graph_window(a, doc, dump, forwards, warm_forward):
+    """The execution-order window (replay.forward.executed_window) from the earliest warm-up
+    forward to the target forwards, when CUDA-graph replays run inside it; else None (a seq range
+    is then the same order)."""
+    from replay.forward import executed_window
+
+    E = a.passes.executed
+    if E is None or not (E["replay"].to_numpy() >= 0).any():
+        return None
+    start = {f.forward: f.start_ns for f in doc.passes.forwards}
+    warm = min((warm_forward(dump, f, doc) for f in forwards), key=lambda x: start[x])
+    win = executed_window(E, warm, list(forwards))
+    return win if not all(win.live) else None
+
+
 def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
     from rich.console import Console
 
     from mining.analyze import analyze, document
     from replay.forward import replay_forward
-    from replay.select import warm_start
+    from replay.select import warm_forward, warm_start
     from vocab.contents import Contents
 
-    doc = document(analyze(dump)) if (warm_from is None and forwards) or contents_out else None
+    a = analyze(dump) if (warm_from is None and forwards) or contents_out else None
+    doc = document(a) if a is not None else None
+    window = None
     if warm_from is None and forwards:
         warm_from = min(warm_start(dump, f, doc) for f in forwards)
+        window = _graph_window(a, doc, dump, forwards, warm_forward)
+        if window is not None:
+            Console().print(f"the window holds CUDA-graph replays: {len(window.seqs)} executions in the order they ran "
+                            f"(graph kernels at each replay)")
     spans = None
     if contents_out is not None:
         spans = [(f.first_seq, f.last_seq) for f in doc.passes.forwards if f.n_launches]
-    fr = replay_forward(dump, seqs, warm_from, spans=spans, contents_bytes=4096 if contents_out else 0)
+    fr = replay_forward(dump, seqs, warm_from, spans=spans, contents_bytes=4096 if contents_out else 0, window=window)
     if contents_out is not None:
         contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))
         Console().print(f"wrote {contents_out} ({len(fr.contents)} words)")

@@ -63,6 +63,75 @@ class ForwardReplay:
     contents: list = field(default_factory=list)     # vocab.contents.Word: first-use bytes per forward span
 
 
+@dataclass
+class Window:
+    """What an in-order replay runs, in the order the captured process ran it. Why apart from a
+    seq range: a CUDA graph's kernels carry the seqs of its capture (made at start-up), while each
+    replay runs them again where the host launched the graph, between the live launches that
+    staged its inputs and the ones that read its outputs; in seq order they would run once, at
+    the capture, on the warm-up's bytes. Without graph replays a window is a seq range
+    (`seq_window`), as it always was."""
+    seqs: list[int]                      # launch records, in execution order (a graph node once per replay)
+    t_ns: list[int]                      # each execution's host time (a graph node: its replay's launch)
+    live: list[bool]                     # launched by the host when it ran (no graph node)
+    targets: set[int]                    # indices of the executions measured
+    spans: list[tuple[int, int, int]] = field(default_factory=list)   # (first, last index, span id) recorded
+
+    def __post_init__(self):
+        if not self.seqs:
+            raise PlanError("no launches to replay")
+
+
+def seq_window(dump, targets: list[int], warm_from: int | None, spans=None) -> Window:
+    """Every launch record from `warm_from` (default: the first target) to the last target, in seq
+    order; `spans`: (first, last seq) of each forward whose contents are recorded, its first seq
+    its id."""
+    if not targets:
+        raise PlanError("no launches to replay")
+    targets = sorted(targets)
+    lo = targets[0] if warm_from is None else min(warm_from, targets[0])
+    L = dump.launches
+    m = (L["seq"].to_numpy() >= lo) & (L["seq"].to_numpy() <= targets[-1])
+    order = np.argsort(L["seq"].to_numpy()[m], kind="stable")
+    seqs = L["seq"].to_numpy(np.int64)[m][order].tolist()
+    t = L["t_ns"].to_numpy(np.int64)[m][order].tolist() if "t_ns" in L else [0] * len(seqs)
+    want = set(targets)
+    arr = np.array(seqs, np.int64)
+    sp = []
+    for a, b in spans or []:
+        k = np.flatnonzero((arr >= a) & (arr <= b))
+        if len(k):
+            sp.append((int(k[0]), int(k[-1]), int(a)))
+    return Window(seqs, t, [True] * len(seqs), {k for k, q in enumerate(seqs) if q in want}, sp)
+
+
+def executed_window(executed, warm_forward: int, target_forwards: list[int]) -> Window:
+    """The executions of the analysis' timeline (`mining.forwards` `executed`: one row per kernel
+    execution, graph replays expanded, in order) from the first of `warm_forward` to the last of
+    the last target forward; the targets' executions are measured, and every forward in it is a
+    span whose id is its first live launch's seq (`compiler.inputs` ties a forward's replayed
+    bytes to it by that id)."""
+    E = executed
+    fw = E["forward"].to_numpy()
+    starts = np.flatnonzero(fw == warm_forward)
+    ends = np.flatnonzero(np.isin(fw, target_forwards))
+    if not len(starts) or not len(ends):
+        raise PlanError(f"the analysis' timeline holds no execution of forward {warm_forward}"
+                        if not len(starts) else "the analysis' timeline holds no execution of the target forwards")
+    lo, hi = int(starts[0]), int(ends[-1])
+    part = E.iloc[lo:hi + 1]
+    seqs = part["seq"].to_numpy(np.int64).tolist()
+    live = (part["replay"].to_numpy() < 0).tolist()
+    f = part["forward"].to_numpy()
+    spans = []
+    for x in sorted({int(v) for v in f if v >= 0}):
+        k = np.flatnonzero(f == x)
+        lv = [seqs[j] for j in k if live[j]]
+        spans.append((int(k[0]), int(k[-1]), int(min(lv) if lv else seqs[k[0]])))
+    return Window(seqs, part["t_ns"].to_numpy(np.int64).tolist(), live,
+                  {int(j) for j in np.flatnonzero(np.isin(f, target_forwards))}, spans)
+
+
 def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
     """`plan` with word k pointing at a copy of its region (appended as the last region; the
     copy's loaded pointers are rewritten like the original's)."""
@@ -335,28 +404,41 @@ def find_tables(plan: LaunchPlan, init: list[np.ndarray], allocs, max_region: in
     return replace(plan, regions=regions, indirect=ind), init
 
 
+def _next_live(window: Window) -> list[int]:
+    """Per execution, the seq of the first live launch at or after it (past the end: one more than
+    the window's largest seq): where the copies a graph replay reads were counted."""
+    out, nxt = [0] * len(window.seqs), max(window.seqs) + 1
+    for k in range(len(window.seqs) - 1, -1, -1):
+        if window.live[k]:
+            nxt = window.seqs[k]
+        out[k] = nxt
+    return out
+
+
 def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_region: int = FORWARD_REGION,
                    device: int = 0, timeout_s: float = 120.0, progress=None, runner=None,
-                   spans: list[tuple[int, int]] | None = None, contents_bytes: int = 0) -> ForwardReplay:
+                   spans: list[tuple[int, int]] | None = None, contents_bytes: int = 0,
+                   window: Window | None = None) -> ForwardReplay:
     """Replay every launch record from `warm_from` (default: the first target) to the last target
-    in seq order on rebuilt memory, measuring the `targets` (module docstring). `runner(plan,
-    init, measure) -> (LaunchResult, after | None)` runs one launch (default: on this machine's GPU
-    in worker processes; tests pass a CPU model). With `contents_bytes` and `spans` (first and last
-    seq of each forward of interest), every device address a launch of a span passes is recorded
-    once per span, with up to that many bytes of it before its first launch (`vocab.contents`)."""
+    in seq order on rebuilt memory, measuring the `targets` (module docstring); or, given a
+    `window` (`executed_window`), its executions in the order they ran, measuring its targets.
+    `runner(plan, init, measure) -> (LaunchResult, after | None)` runs one launch (default: on
+    this machine's GPU in worker processes; tests pass a CPU model). With `contents_bytes`, every
+    device address a launch of a span (`spans`: first and last seq of each forward of interest;
+    a window's own spans) passes is recorded per span, with up to that many bytes of it before
+    the launch (`vocab.contents`). Host writes land before the live launch they precede; before
+    a graph replay's kernels, the copies made before that replay was launched (by host time)."""
     from mining.pointees import host_pointees
 
-    if not targets:
-        raise PlanError("no launches to replay")
-    targets = sorted(targets)
-    lo = targets[0] if warm_from is None else min(warm_from, targets[0])
-    seqs_all = dump.launches["seq"].to_numpy()
-    window = sorted(int(s) for s in seqs_all if lo <= s <= targets[-1])
+    if window is None:
+        window = seq_window(dump, targets, warm_from, spans)
+    seqs = window.seqs
+    uniq = set(seqs)
     folder = dump.source.parent
-    attrs, tmaps, hosts = read_attrs(folder, set(window)), read_tensormaps(folder), read_host_ranges(folder)
+    attrs, tmaps, hosts = read_attrs(folder, uniq), read_tensormaps(folder), read_host_ranges(folder)
     writes, unknown = copy_writes(getattr(dump, "copies", None))
-    writes = timeline(writes + pointee_writes(host_pointees(dump, set(window))))
-    out = ForwardReplay([], (window[0], window[-1]), copies_without_bytes=unknown)
+    writes = timeline(writes + pointee_writes(host_pointees(dump, uniq)))
+    out = ForwardReplay([], (seqs[0], seqs[-1]), copies_without_bytes=unknown)
     copies = getattr(dump, "copies", None)
     if copies is None:
         out.warnings.append("the capture has no copy log (copies.jsonl): memory holds only what the window's "
@@ -364,27 +446,43 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     blind = blind_copies(copies)
     blind_hit: set[int] = set()
     mem = Memory()
-    gemms = host_gemm.find(dump, window)
+    gemms = host_gemm.find(dump, sorted(uniq))
     allocs = allocations(dump)
     P = dump.params
-    P = P[P["is_ptr"].to_numpy() & (P["seq"].to_numpy() >= window[0]) & (P["seq"].to_numpy() <= window[-1])]
+    P = P[P["is_ptr"].to_numpy() & np.isin(P["seq"].to_numpy(), np.fromiter(uniq, np.int64))]
     ptr_values: dict[int, set] = {}
     for sq, v in zip(P["seq"].to_numpy(np.int64).tolist(), P["value"].to_numpy(np.uint64).tolist()):
         ptr_values.setdefault(sq, set()).add(int(v))
     fed: dict[int, int] = {}          # pointer value -> the first left-out launch given it
     seen_in: dict[int, set] = {}      # span start -> addresses recorded there
-    want = set(targets)
+    want = window.targets
     at = 0
+    early: set[int] = set()           # writes applied ahead of their launch, before a graph replay
+    nxt = _next_live(window)
     workers = None
     if runner is None:
         workers = _Workers(device, timeout_s)
         runner = lambda plan, init, measure: _run_job(workers, plan, init, measure)  # noqa: E731
     try:
-        for n, seq in enumerate(window):
-            while at < len(writes) and writes[at].seq_before <= seq:
-                mem.write(writes[at].addr, writes[at].data)
-                at += 1
-                out.host_writes += 1
+        for n, seq in enumerate(seqs):
+            if window.live[n]:
+                while at < len(writes) and writes[at].seq_before <= seq:
+                    if at not in early:
+                        mem.write(writes[at].addr, writes[at].data)
+                        out.host_writes += 1
+                    at += 1
+            else:
+                # a graph node: the copies the host made before it launched the replay (they
+                # precede the next live launch and came earlier in time); its own launch record's
+                # pointees were the capture's
+                k = at
+                while k < len(writes) and writes[k].seq_before <= nxt[n]:
+                    w = writes[k]
+                    if k not in early and w.source == "copy" and w.t_ns is not None and w.t_ns <= window.t_ns[n]:
+                        mem.write(w.addr, w.data)
+                        early.add(k)
+                        out.host_writes += 1
+                    k += 1
             try:
                 plan = plan_launch(dump, seq, max_region, attrs.get(seq, {}), tmaps, host_ranges=hosts)
             except PlanError as exc:
@@ -392,13 +490,14 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
             else:
                 why = plan.missing
             if contents_bytes and plan is not None:
-                _record(out.contents, plan, seq, spans or [], seen_in, mem, contents_bytes)
+                _record(out.contents, plan, seq, [(sid, a, b) for a, b, sid in window.spans if a <= n <= b],
+                        seen_in, mem, contents_bytes)
             g = gemms.get(seq)
             if why and g is not None:
                 if g.seq == seq:             # its split-K reduction, if any, is computed with it
                     host_gemm.run(g, mem)
                 out.on_host.append(seq)
-                if seq in want:
+                if n in want:
                     out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing",
                                                     f"{why}; computed on the host (cuBLASLt GEMM)", fill="forward"))
                 continue
@@ -406,27 +505,27 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 out.skipped.append((seq, why))
                 for v in ptr_values.get(seq, ()):
                     fed.setdefault(v, seq)
-                if seq in want:
+                if n in want:
                     out.results.append(LaunchResult(seq, plan.symbol if plan else "", "missing", why, fill="forward"))
                 continue
-            if seq in want:
+            if n in want:
                 for cs, before, dst, size in blind:
                     if before <= seq and any(_region_addr(r) < dst + size and dst < _region_addr(r) + r.length
                                              for r in plan.regions):
                         blind_hit.add(cs)
             init = [mem.read(_region_addr(r), r.length) for r in plan.regions]
             plan, init = find_tables(plan, init, allocs, max_region, mem)
-            res, after = runner(plan, init, seq in want)
+            res, after = runner(plan, init, n in want)
             if after is not None:
                 out.ran += 1
                 for r, b, a in zip(plan.regions, init, after):
                     mem.write_changed(_region_addr(r), b, a)
             elif res is not None:
                 out.faults.append((seq, res.message, sorted({fed[w.captured] for w in plan.words if w.captured in fed})))
-            if seq in want:
+            if n in want:
                 out.results.append(res)
             if progress:
-                progress(n + 1, len(window), seq)
+                progress(n + 1, len(seqs), seq)
     finally:
         if workers is not None:
             workers.stop()
@@ -440,7 +539,8 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
 
 
 def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Memory, limit: int) -> None:
-    """The bytes of each device word of launch `seq`, in the span holding it (module
+    """The bytes of each device word of launch `seq`, in each span holding it (`spans`: (id, first,
+    last index) of the window's spans around this execution; module
     `vocab.contents`): up to `limit` bytes of the word's span, as memory holds them before the
     launch runs -- at the first launch of the span that passes the address, and again at every
     later one that finds them changed. Why again: an engine's staging kernels write a forward's
@@ -450,7 +550,7 @@ def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Me
 
     lengths = [r.length for r in plan.regions]
     word_spans = FL.spans(plan.words, lengths)
-    for span in (a for a, b in spans if a <= seq <= b):    # forwards may overlap (sampling after the next's head)
+    for span in (sid for sid, _a, _b in spans):    # forwards may overlap (sampling after the next's head)
         seen = seen_in.setdefault(span, {})
         for w, sp in zip(plan.words, word_spans):
             if plan.regions[w.region].host:

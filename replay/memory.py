@@ -82,6 +82,7 @@ class HostWrite:
     addr: int
     data: bytes
     source: str         # copy | pointee
+    t_ns: int | None = None   # a copy's host time (orders it against a CUDA graph's replay)
 
 
 def _applied(copies) -> np.ndarray:
@@ -98,12 +99,13 @@ def copy_writes(copies) -> tuple[list[HostWrite], int]:
         return [], 0
     ok = _applied(copies)
     out, unknown = [], 0
-    for seq, before, dst, data in zip(copies["seq"].to_numpy()[ok], copies["seq_before"].to_numpy()[ok],
-                                      copies["dst"].to_numpy(np.uint64)[ok], copies["data"].to_numpy(object)[ok]):
+    t = copies["t_ns"].to_numpy(np.int64)[ok] if "t_ns" in copies else np.full(int(ok.sum()), -1, np.int64)
+    for seq, before, dst, data, tn in zip(copies["seq"].to_numpy()[ok], copies["seq_before"].to_numpy()[ok],
+                                          copies["dst"].to_numpy(np.uint64)[ok], copies["data"].to_numpy(object)[ok], t):
         if data is None:
             unknown += 1
             continue
-        out.append(HostWrite(int(before), int(seq), int(dst), bytes(data), "copy"))
+        out.append(HostWrite(int(before), int(seq), int(dst), bytes(data), "copy", int(tn) if tn >= 0 else None))
     return out, unknown
 
 

@@ -79,6 +79,24 @@ def select(dump, seq: list[int], kernel: str | None, forward: int | None, limit:
     return pool
 
 
+def warm_forward(dump, forward: int, doc=None) -> int:
+    """The forward an in-order replay of `forward` begins with (`warm_start` says why): the one
+    before the latest prefill (more than one token) at or before it; with no prefill before it,
+    the forward before it. Forwards are taken in the order they ran (their start times: a CUDA
+    graph's kernels keep the seqs of its capture, so a replayed forward's first seq says nothing
+    of when it ran)."""
+    from mining.analyze import analyze, document
+
+    doc = doc if doc is not None else document(analyze(dump))
+    fw = sorted((f for f in doc.passes.forwards if f.n_launches), key=lambda f: (f.start_ns, f.first_seq))
+    k = next((n for n, f in enumerate(fw) if f.forward == forward), None)
+    if k is None:
+        raise UsageError(f"{dump.source}: the analysis finds no forward {forward}", value=forward)
+    pre = [n for n in range(k + 1) if (fw[n].tokens or 0) > 1]
+    start = pre[-1] if pre else k
+    return int(fw[max(start - 1, 0)].forward)
+
+
 def warm_start(dump, forward: int, doc=None) -> int:
     """Where an in-order replay of `forward` begins (`replay.forward`): the first launch of the
     forward before the latest prefill (more than one token) at or before it. Why there: a request's
@@ -90,10 +108,5 @@ def warm_start(dump, forward: int, doc=None) -> int:
     from mining.analyze import analyze, document
 
     doc = doc if doc is not None else document(analyze(dump))
-    fw = sorted((f for f in doc.passes.forwards if f.n_launches), key=lambda f: f.first_seq)
-    k = next((n for n, f in enumerate(fw) if f.forward == forward), None)
-    if k is None:
-        raise UsageError(f"{dump.source}: the analysis finds no forward {forward}", value=forward)
-    pre = [n for n in range(k + 1) if (fw[n].tokens or 0) > 1]
-    start = pre[-1] if pre else k
-    return int(fw[max(start - 1, 0)].first_seq)
+    w = warm_forward(dump, forward, doc)
+    return int(next(f.first_seq for f in doc.passes.forwards if f.forward == w))

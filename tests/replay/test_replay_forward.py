@@ -289,3 +289,51 @@ def test_real_capture_gemms_are_found_with_their_split_k(q2b):
         assert g.m >= 1 and g.n >= 1 and g.k >= 1 and len({g.x, g.w, g.c}) == 3
         if s != g.seq:
             assert g.aux == s and "splitKreduce" in syms[s]
+
+
+@pytest.fixture(scope="module")
+def q3w():
+    from mining.analyze import analyze
+    from mining.load import load_dump
+
+    d = load_dump(FIXTURES / "compile" / "q3w.tar.xz", cache=False)
+    return d, analyze(d)
+
+
+def test_a_graph_replay_runs_where_the_host_launched_it(q3w):
+    """q3w (vLLM default mode): each decode step replays the decode graph captured at start-up.
+    In execution order its kernels run after the step's live staging launches and before its
+    sampling, once per replay; every forward's contents are recorded under its first live launch
+    (compiler.inputs ties them by that id). Not checked here: what the kernels compute on the
+    rebuilt bytes (a GPU run)."""
+    from mining.analyze import document
+    from replay.forward import executed_window
+    from replay.select import warm_forward
+
+    d, a = q3w
+    doc = document(a)
+    f = [x for x in doc.passes.forwards if x.phase == "serve" and x.tokens == 1 and x.graph_execs][2]
+    win = executed_window(a.passes.executed, warm_forward(d, f.forward, doc), [f.forward])
+    E = a.passes.executed
+    mine = E[E["forward"] == f.forward]
+    assert [win.seqs[k] for k in sorted(win.targets)] == mine["seq"].tolist()
+    assert not all(win.live) and not all(win.live[k] for k in win.targets)
+    seen = []
+
+    def run(plan, init, measure):
+        seen.append((plan.seq, measure))
+        return LaunchResult(plan.seq, plan.symbol, "ok", fill="forward"), [x.copy() for x in init]
+
+    fr = replay_forward(d, [], window=win, runner=run, contents_bytes=64)
+    assert len(fr.results) == len(win.targets)
+    ran = [s for s, _ in seen]
+    # the target's graph kernels ran after its first live launch and before its last
+    live = [win.seqs[k] for k in sorted(win.targets) if win.live[k]]
+    nodes = [win.seqs[k] for k in sorted(win.targets) if not win.live[k]]
+    pos = {s: i for i, s in enumerate(ran) if s in set(live) | set(nodes)}
+    ran_nodes = [pos[s] for s in nodes if s in pos]
+    assert ran_nodes and pos[live[0]] < min(ran_nodes) and max(ran_nodes) < pos[live[-1]]
+    # a graph kernel's seq repeats in the window: it ran at every replay in it
+    assert len(ran) > len(set(ran))
+    ids = {sid for _, _, sid in win.spans}
+    assert {w.forward for w in fr.contents} <= ids and min(live) in ids
