@@ -26,7 +26,7 @@ pre = next(k for k, f in enumerate(fw) if (f.get("tokens") or 0) > 1)
 dec = [f for f in fw[pre + 1:pre + 4] if f.get("tokens") == 1]
 print(" ".join(f"--forward {f['forward']}" for f in [fw[pre]] + dec[-1:]))
 PY
-timeout ${REPLAY_S:-400} python -m mine.cli replay "$DUMP" $(cat "$out/targets.txt") --in-order --analysis "$out/analysis.json" \
+timeout ${REPLAY_S:-480} python -m mine.cli replay "$DUMP" $(cat "$out/targets.txt") --in-order --analysis "$out/analysis.json" \
   --flow-out "$out/flow.json" --contents-out "$out/contents.json" --json "$out/replay.json" > "$out/replay.log" 2>&1
 echo "replay rc=$? at $(el) s ($(cat "$out/targets.txt"))"
 fl=""; [ -s "$out/flow.json" ] && fl="--analysis $out/flow.json"; [ -s "$out/contents.json" ] && fl="$fl --contents $out/contents.json"
