@@ -94,7 +94,7 @@ def _executed(f) -> np.ndarray:
     """The forward's launch seqs in the order they ran (the analysis' runs; its seq range where
     it has none)."""
     if f.seqs:
-        return np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in f.seqs])
+        return np.array(f.executed(), np.int64)
     return np.arange(f.first_seq, f.last_seq + 1, dtype=np.int64)
 
 

@@ -19,7 +19,7 @@ def forward_seqs(dump, forward: int) -> list[int]:
     doc = document(analyze(dump))
     for f in doc.passes.forwards:
         if f.forward == forward:
-            return [s for first, n in f.seqs for s in range(first, first + n)]
+            return f.executed()
     raise UsageError(f"{dump.source}: the analysis finds no forward {forward} "
                      f"(it has {len(doc.passes.forwards)}, numbered from 0)",
                      value=forward, limit=len(doc.passes.forwards))

@@ -69,6 +69,11 @@ class Forward:
     confidence: float | None
     seqs: list[list[int]]  # its executions in order, as runs [first seq, count] of consecutive seqs
 
+    def executed(self) -> list[int]:
+        """Its launch seqs in the order they ran (`seqs` expanded; a CUDA graph's kernels once per
+        replay, with their capture's seqs)."""
+        return [s for first, n in self.seqs for s in range(first, first + n)]
+
 
 @dataclass
 class Capture:
