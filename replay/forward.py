@@ -152,8 +152,12 @@ def _shared(plan: LaunchPlan) -> list[bool]:
 
 def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
     """Upload `fill` (captured addresses in loaded pointer tables rewritten onto the fresh
-    regions), run, download (those words back to captured addresses where the launch left them)."""
+    regions), run, download (those words back to captured addresses where the launch left them).
+    A region whose device bytes already are this fill's array (the last run left it unchanged,
+    `s.holds`) is not uploaded again: a measurement runs one launch dozens of times with one span
+    poisoned, and re-sending a KV pool or a weight each time was most of the replay's time."""
     fill = list(fill)
+    holds = getattr(s, "holds", None) or [None] * len(fill)
     put: dict[tuple[int, int], tuple[bytes, bytes]] = {}
     for r, off, tk, toff, cap in s.plan.indirect:
         if fill[r] is not None and off + 8 <= len(fill[r]):
@@ -163,13 +167,34 @@ def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
             was = fill[r][off:off + 8].tobytes()    # the captured pointer, or a poison over it
             fill[r][off:off + 8] = np.frombuffer(new, np.uint8)
             put[(r, off)] = (new, was)
-    for b, h in zip(s.bases, fill):
-        s.gpu.upload(b, h)
+    for r, (b, h) in enumerate(zip(s.bases, fill)):
+        if holds[r] is not h:
+            s.gpu.upload(b, h)
     after = s.run()
+    rewritten = {r for r, _ in put}
+    s.holds = [None if r in rewritten else (h if FL.same(h, a) else a) for r, (h, a) in enumerate(zip(fill, after))]
     for (r, off), (new, was) in put.items():
         if after[r][off:off + 8].tobytes() == new:
             after[r][off:off + 8] = np.frombuffer(was, np.uint8)
     return after
+
+
+class _Runs:
+    """The write masks of one launch's runs, kept as their union and the baseline's (each run's
+    compared once; the runs' bytes are not kept)."""
+
+    def __init__(self, fill, after):
+        self.base = FL.written([(fill, after)])
+        self.union = [m.copy() for m in self.base]
+
+    def add(self, fill, after, region: int) -> list[np.ndarray]:
+        """This run's mask, or'ed with the baseline's in `region` (the poisoned span's: the only
+        one `FL.read_changed` reads)."""
+        m = FL.written([(fill, after)])
+        for u, x in zip(self.union, m):
+            np.logical_or(u, x, out=u)
+        m[region] = m[region] | self.base[region]
+        return m
 
 
 def _poisoned(fill: list[np.ndarray], span: FL.Span, seed: int, kind: str) -> list[np.ndarray]:
@@ -194,8 +219,7 @@ def _poison_loop(s, fill, base_after, span, key, seed, faulted, runs):
             if not exc.sticky:
                 raise
             raise Faulted(key, str(exc)) from None
-        runs.append((fill_p, got))
-        if FL.read_changed(base_after, got, FL.written([(fill_p, got)] + runs[:1]), span):
+        if FL.read_changed(base_after, got, runs.add(fill_p, got, span.region), span):
             break
     return got
 
@@ -221,7 +245,7 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
             return res, after
         again = _run(s, init)
         res.deterministic = all(np.array_equal(a, b) for a, b in zip(after, again))
-        runs = [(init, after)]
+        runs = _Runs(init, after)
         spans = FL.spans(plan.words, s.lengths)
         shared = _shared(plan)
         got: dict = {}
@@ -230,7 +254,7 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
                 key = (span.region, span.lo, span.hi)
                 if not sh and key not in got:
                     got[key] = _poison_loop(s, init, after, span, key, seed, faulted, runs)
-        wrote = FL.written(runs)
+        wrote = runs.union
         priv: dict[int, tuple[np.ndarray, bool | None, str]] = {}
         for k, (w, sh) in enumerate(zip(plan.words, shared)):
             if sh:
@@ -259,12 +283,12 @@ def _private_flow(gpu, plan, k, init, seed, faulted, judge) -> tuple[np.ndarray,
     s = _Setup(gpu, p)
     try:
         after = _run(s, fill)
-        runs = [(fill, after)]
+        runs = _Runs(fill, after)
         if not judge:
-            return FL.written(runs)[w.region][w.offset:], None, ""
+            return runs.union[w.region][w.offset:], None, ""
         span = FL.Span(w.region, w.offset, s.lengths[w.region])
         g = _poison_loop(s, fill, after, span, ("private", plan.seq, k), seed, faulted, runs)
-        wrote = FL.written(runs)
+        wrote = runs.union
         m = wrote[w.region][w.offset:]
         return (m, *FL.judged(after, g, wrote, span))
     finally:
@@ -298,35 +322,60 @@ def _worker(conn, device) -> None:
 
 
 class _Workers:
-    """One live worker at a time; a new one after a fault or a death."""
+    """One live worker at a time; a new one after a fault or a death. A spare is started beside
+    it: a poisoned span that faults kills its worker (the context's error is sticky), and a
+    window of a few hundred launches has dozens of such spans; the next worker is then ready
+    instead of starting Python, the driver and a context on the replay's path."""
 
     def __init__(self, device: int, timeout_s: float):
         import multiprocessing as mp
 
         self.ctx, self.device, self.timeout_s = mp.get_context("spawn"), device, timeout_s
         self.p = self.conn = None
+        self.spare = None
+
+    def _spawn(self):
+        conn, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(child, self.device), daemon=True)
+        p.start()
+        child.close()
+        return p, conn
 
     def _start(self):
         from replay.gpu import NoGpu
 
-        self.conn, child = self.ctx.Pipe()
-        self.p = self.ctx.Process(target=_worker, args=(child, self.device), daemon=True)
-        self.p.start()
-        child.close()
-        kind, msg = self.conn.recv()
+        self.p, self.conn = self.spare if self.spare is not None else self._spawn()
+        self.spare = None
+        try:
+            kind, msg = self.conn.recv()
+        except EOFError:            # the spare died waiting: start one in the foreground
+            self.p, self.conn = self._spawn()
+            kind, msg = self.conn.recv()
         if kind == "nogpu":
             raise NoGpu(msg)
+        self.spare = self._spawn()
+
+    @staticmethod
+    def _end(p, conn):
+        try:
+            conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+
+    def _drop(self):
+        """End the live worker (the spare stays)."""
+        if self.p is not None:
+            self._end(self.p, self.conn)
+        self.p = self.conn = None
 
     def stop(self):
-        if self.p is not None:
-            try:
-                self.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-            self.p.join(timeout=10)
-            if self.p.is_alive():
-                self.p.kill()
-        self.p = self.conn = None
+        self._drop()
+        if self.spare is not None:
+            self._end(*self.spare)
+            self.spare = None
 
     def call(self, job):
         """(kind, payload); kind "dead" when the worker gave nothing in time or died."""
@@ -343,7 +392,7 @@ class _Workers:
             self.p = None
             return "dead", "the replay worker died"
         if kind == "fault":
-            self.stop()
+            self._drop()
         return kind, payload
 
 

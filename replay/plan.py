@@ -200,14 +200,27 @@ def _words8(params: list[bytes], taken: set):
 def _host_words(params: list[bytes], offsets: list[int], taken: set, ranges, seq: int):
     """8-byte words of the parameters that point into a pinned host range live at `seq`, as
     words-frame rows (i, at, buffer_id, alloc_base, alloc_size, ptr_off, value)."""
-    live = [(b, s) for b, s, first, end in ranges if first <= seq < end]
+    live = sorted((b, s) for b, s, first, end in ranges if first <= seq < end)
     rows = []
-    for i, at, v in _words8(params, taken):
-        for base, size in live:
-            if base <= v < base + size:
-                rows.append({"i": i, "at": at, "buffer_id": HOST_ID + base, "alloc_base": base,
-                             "alloc_size": size, "ptr_off": v - base, "value": v})
-                break
+    if live:
+        lo = min(b for b, _ in live)
+        hi = max(b + s for b, s in live)
+        for i, b in enumerate(params):
+            n = len(b) // 8
+            if not n:
+                continue
+            v = np.frombuffer(b, "<u8", n)
+            # words that can be host pointers at all, before the per-range test (a 1 KB struct has
+            # 128 words; most params have none near the host ranges)
+            for k in np.flatnonzero((v >= np.uint64(lo)) & (v < np.uint64(hi))).tolist():
+                at, val = k * 8, int(v[k])
+                if (i, at) in taken:
+                    continue
+                for base, size in live:
+                    if base <= val < base + size:
+                        rows.append({"i": i, "at": at, "buffer_id": HOST_ID + base, "alloc_base": base,
+                                     "alloc_size": size, "ptr_off": val - base, "value": val})
+                        break
     return pd.DataFrame(rows, columns=["i", "at", "buffer_id", "alloc_base", "alloc_size", "ptr_off", "value"])
 
 

@@ -16,6 +16,7 @@ reading sequence lengths, for one) are of the fill's data, which the result says
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,8 +78,6 @@ class _Setup:
         self.gpu, self.plan = gpu, plan
         self.lengths = [r.length for r in plan.regions]
         self.spans = FL.spans(plan.words, self.lengths)
-        self.tagged = FL.tagged(self.lengths, self.spans)
-        self.zero = [np.zeros(n, np.uint8) for n in self.lengths]
         self.bases = [gpu.alloc_host(r.length) if r.host else gpu.alloc(r.length) for r in plan.regions]
         maps = {}
         for k, t in enumerate(plan.tmaps):
@@ -86,6 +85,15 @@ class _Setup:
                 maps[k] = gpu.encode_tiled(t.encode, self.bases[t.region] + t.offset)
         self.params = rebased(plan, self.bases, maps)
         self.fn = gpu.function(plan.cubin, plan.symbol, plan.smem)
+
+    @functools.cached_property
+    def tagged(self) -> list[np.ndarray]:
+        """The tagged fill (built on first use: an in-order replay never fills synthetically)."""
+        return FL.tagged(self.lengths, self.spans)
+
+    @functools.cached_property
+    def zero(self) -> list[np.ndarray]:
+        return [np.zeros(n, np.uint8) for n in self.lengths]
 
     def fill(self, pattern: str, poison: FL.Span | None = None, seed: int = 0, kind: str = "random16"
              ) -> list[np.ndarray]:

@@ -34,15 +34,16 @@ python -m mine.cli compile "$DUMP" -o "$out/compiled" $fl --requests "$REF" --we
 echo "compile rc=$? at $(el) s"
 python -m mine.cli gen qwen3 --dump "$DUMP" --config "$CKPT/config.json" -o "$out/gen" --weights "$CKPT" --force > "$out/gen.log" 2>&1
 echo "gen rc=$? at $(el) s"
-# the compiled manifest again with the prompt through decode and one prefill row a call: a fault
-# that only the full-row prefill shows is the prefill program's (mine compare --prefill-rows)
-for r in 0 1; do
-  timeout 300 python -m mine.cli compare "$out/compiled" --weights "$CKPT" --reference "$REF" --prefill-rows $r \
-    --no-free-running --json "$out/compare_compiled_rows$r.json" > "$out/compare_compiled_rows$r.log" 2>&1
-  echo "compare compiled --prefill-rows $r rc=$? at $(el) s: $(tail -1 "$out/compare_compiled_rows$r.log")"
-done
-for m in gen compiled; do
-  timeout 300 python -m mine.cli compare "$out/$m" --weights "$CKPT" --reference "$REF" --json "$out/compare_$m.json" \
-    > "$out/compare_$m.log" 2>&1
-  echo "compare $m rc=$? at $(el) s: $(tail -1 "$out/compare_$m.log")"
+# COMPARES (default "rows0 rows1 full gen"): rowsN = the compiled manifest with --prefill-rows N
+# (0: the prompt through decode), full = the compiled manifest as it is, gen = gen's; a fault that
+# only the full-row prefill shows is the prefill program's (mine compare --prefill-rows)
+for c in ${COMPARES:-rows0 rows1 full gen}; do
+  case $c in
+    rows*) m=compiled; extra="--prefill-rows ${c#rows} --no-free-running" ;;
+    full) m=compiled; extra="" ;;
+    gen) m=gen; extra="" ;;
+  esac
+  timeout 300 python -m mine.cli compare "$out/$m" --weights "$CKPT" --reference "$REF" $extra \
+    --json "$out/compare_$c.json" > "$out/compare_$c.log" 2>&1
+  echo "compare $c rc=$? at $(el) s: $(tail -1 "$out/compare_$c.log")"
 done
