@@ -46,13 +46,18 @@ class Contents:
     words: list[Word] = field(default_factory=list)
 
     def changing(self) -> frozenset:
-        """Addresses whose recorded bytes differ between two records (over their common length):
-        something wrote them during the window, so they hold no weight."""
+        """Addresses whose recorded bytes differ between two records (over their common length,
+        and never past the next address a launch passed): something wrote them during the window,
+        so they hold no weight. Why the cut: a record holds up to `limit` bytes from its address,
+        and in an engine's allocator a 1 KB norm weight sits in one block beside the step's input
+        buffers; their changes are not the weight's."""
+        addrs = sorted({w.addr for w in self.words})
+        room = {a: b - a for a, b in zip(addrs, addrs[1:])}
         first: dict[int, bytes] = {}
         out = set()
         for w in self.words:
             seen = first.setdefault(w.addr, w.data)
-            n = min(len(seen), len(w.data))
+            n = min(len(seen), len(w.data), room.get(w.addr, len(w.data)))
             if seen[:n] != w.data[:n]:
                 out.add(w.addr)
         return frozenset(out)

@@ -122,3 +122,7 @@ def test_contents_changing_addresses():
     c = Contents(10, (0, 9), 8, [Word(0, 1, 0, 0, 0x100, b"\x01\x02"), Word(5, 6, 0, 0, 0x100, b"\x01\x02\x03"),
                                  Word(0, 2, 0, 0, 0x200, b"\x07"), Word(5, 7, 0, 0, 0x200, b"\x08")])
     assert c.changing() == {0x200}          # a longer record agreeing over the common bytes is no change
+    # a record reaching into the next address a launch passed: the change there is not this one's
+    c = Contents(10, (0, 9), 8, [Word(0, 1, 0, 0, 0x100, b"\x01\x02\x03\x04"), Word(0, 1, 1, 0, 0x102, b"\x03\x04"),
+                                 Word(5, 6, 0, 0, 0x100, b"\x01\x02\x09\x09"), Word(5, 6, 1, 0, 0x102, b"\x09\x09")])
+    assert c.changing() == {0x102}
