@@ -162,6 +162,9 @@ def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
                     f"launches computed on the host, {len(fr.skipped)} could "
                     f"not (no cubin or layout), {len(fr.faults)} faulted; {fr.host_writes} host writes applied "
                     f"({fr.copies_without_bytes} copies kept without bytes)")
+    t = fr.seconds
+    Console().print(f"time: {t['measure']:.0f} s measuring the targets, {t['run']:.0f} s running the rest, "
+                    f"{t['plan']:.0f} s planning; {fr.workers_started} replay worker(s) started")
     for w in fr.warnings:
         Console().print(f"  warning: {w}")
     for seq, msg, up in fr.faults:

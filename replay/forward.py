@@ -30,6 +30,7 @@ MINE_CAPTURE_COPY_BYTES (kept without bytes), host tables beyond the pointee byt
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -57,6 +58,11 @@ class ForwardReplay:
     # what it read -- a sampled token index, a gather's indices)
     faults: list[tuple[int, str, list[int]]] = field(default_factory=list)
     host_writes: int = 0                   # copies and pointees applied
+    # where the time went (wall seconds): planning and host bookkeeping, the runner's unmeasured
+    # and measured launches; workers started (1 + one a fault); why: a window of a few hundred
+    # launches takes minutes on a GPU host, and the next change to it needs to know which part
+    seconds: dict = field(default_factory=lambda: {"plan": 0.0, "run": 0.0, "measure": 0.0})
+    workers_started: int = 0
     copies_without_bytes: int = 0
     blind: list[int] = field(default_factory=list)   # copies without bytes into a target launch's regions
     warnings: list[str] = field(default_factory=list)
@@ -333,6 +339,7 @@ class _Workers:
         self.ctx, self.device, self.timeout_s = mp.get_context("spawn"), device, timeout_s
         self.p = self.conn = None
         self.spare = None
+        self.started = 0
 
     def _spawn(self):
         conn, child = self.ctx.Pipe()
@@ -353,6 +360,7 @@ class _Workers:
             kind, msg = self.conn.recv()
         if kind == "nogpu":
             raise NoGpu(msg)
+        self.started += 1
         self.spare = self._spawn()
 
     @staticmethod
@@ -532,6 +540,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                         early.add(k)
                         out.host_writes += 1
                     k += 1
+            t0 = time.perf_counter()
             try:
                 plan = plan_launch(dump, seq, max_region, attrs.get(seq, {}), tmaps, host_ranges=hosts)
             except PlanError as exc:
@@ -564,7 +573,10 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                         blind_hit.add(cs)
             init = [mem.read(_region_addr(r), r.length) for r in plan.regions]
             plan, init = find_tables(plan, init, allocs, max_region, mem)
+            t1 = time.perf_counter()
+            out.seconds["plan"] += t1 - t0
             res, after = runner(plan, init, n in want)
+            out.seconds["measure" if n in want else "run"] += time.perf_counter() - t1
             if after is not None:
                 out.ran += 1
                 for r, b, a in zip(plan.regions, init, after):
@@ -577,6 +589,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                 progress(n + 1, len(seqs), seq)
     finally:
         if workers is not None:
+            out.workers_started = workers.started
             workers.stop()
     out.blind = sorted(blind_hit)
     if blind_hit:
