@@ -9,7 +9,8 @@ rules tell them apart, from the launch itself rather than from more samples:
   sub-kernels, with each xnumel one of the launch's scalar params.
 q3w (the same engine and checkpoint as q3u, prompts of 1, 29, 113, 171 and 9 tokens) is the
 capture the analysis first failed on: its decode-only split-KV reduction had become the tokens
-reference (tests/mining/test_default_mode_q3u.py). q3ds, q3u and q3w compile and both verifiers
+reference (tests/mining/test_default_mode_q3u.py). q3ds, q3u, q3w and q3y (another checkpoint: 4 layers,
+hidden 512) compile and both verifiers
 accept them; q3d's prefill is left out at its attention, whose
 grid counts the unpadded tokens (no form of the padded rows gives it).
 """
@@ -25,7 +26,7 @@ from manifests.verify import verify
 from vocab import expr as V
 
 CASES = {"q3ds": FIXTURES / "suite" / "q3ds.tar.xz", "q3u": FIXTURES / "compile" / "q3u.tar.xz",
-         "q3w": FIXTURES / "compile" / "q3w.tar.xz"}
+         "q3w": FIXTURES / "compile" / "q3w.tar.xz", "q3y": FIXTURES / "compile" / "q3y.tar.xz"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

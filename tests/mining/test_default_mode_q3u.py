@@ -15,6 +15,10 @@ H200, 2026-12-02). Its five requests make 40 serving forwards of which 36 are de
 reduction, a decode-only per-layer kernel, ran in 90% of them and was taken for the tokens (every
 prefill lost its count), and the warm-up's 51 forwards outnumbered the requests' 36 of the layer
 stack, whose pattern then named the model's layers (5, where it has 3).
+
+q3y: the same engine and mode on another checkpoint (4 layers, hidden 512, 8 heads, 4 KV heads,
+vocabulary 16384) and other prompts (1, 37, 95, 150 and 12 tokens, seed 61; H100, 2026-12-05), a
+capture none of these rules was written on.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from mining.load import load_dump
 FIX = FIXTURES / "compile"
 
 
-@pytest.fixture(scope="module", params=["q3u", "q3w"])
+@pytest.fixture(scope="module", params=["q3u", "q3w", "q3y"])
 def name(request):
     return request.param
 
