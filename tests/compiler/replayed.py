@@ -8,7 +8,10 @@ from pathlib import Path
 
 from paths import FIXTURES
 
+from compare.serving import serving
 from compiler.compile import compile_dump
+from manifests.kern_oracle import quiet_stderr, verdict
+from manifests.verify import verify
 
 FIX = FIXTURES / "compile"
 
@@ -29,3 +32,23 @@ def compile_replayed(name: str, tmp: Path):
     res = compile_dump(FIX / f"{name}.tar.xz", tmp / "out", analysis=tmp / "flow.json", contents=tmp / "contents.json",
                        requests=tmp / "ref.json", config=cfg if cfg.exists() else FIX / "q3s.config.json", cache=False)
     return res, tmp / "out"
+
+
+# the six fills vLLM's one-sequence serving needs, with the width each has in vLLM 0.26
+FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu_seqlens": "i32", "blocks": "i32"}
+
+
+def check_served(res, out: Path) -> None:
+    """Both verifiers accept the compiled manifest and a one-sequence host finds every fill."""
+    assert verify(res.manifest) == []
+    with quiet_stderr():
+        v = verdict(out / "manifest.json")
+    assert v.accepted, v.violations[:3]
+    s = serving(res.manifest)
+    assert set(s.inputs) == set(FILLS) and s.prefill and s.decode
+
+
+def check_fills(manifest: dict) -> None:
+    """Every fill named once, with its width."""
+    named = [(b["fill"], b["dtype"]) for b in manifest["buffers"].values() if b["kind"] == "input" and b.get("fill")]
+    assert sorted(named) == sorted(FILLS.items())

@@ -22,19 +22,15 @@ import pytest
 from paths import FIXTURES
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replayed import compile_replayed, unpack  # noqa: E402
+from replayed import check_fills, check_served, compile_replayed, unpack  # noqa: E402
 
-from compare.serving import serving
 from compiler.compile import explain_inputs
 from compiler.requests import read_requests
-from manifests.kern_oracle import quiet_stderr, verdict
-from manifests.verify import verify
 from mining.analyze import analyze, document
 from mining.load import load_dump
 from vocab import contents as VC
 
 FIX = FIXTURES / "compile"
-FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu_seqlens": "i32", "blocks": "i32"}
 
 
 @pytest.fixture(scope="module")
@@ -48,19 +44,11 @@ def files(tmp_path_factory):
 
 
 def test_verified_by_both_and_a_one_sequence_host_can_serve_it(compiled):
-    res, out = compiled
-    assert verify(res.manifest) == []
-    with quiet_stderr():
-        v = verdict(out / "manifest.json")
-    assert v.accepted, v.violations[:3]
-    s = serving(res.manifest)
-    assert set(s.inputs) == set(FILLS) and s.prefill and s.decode
+    check_served(*compiled)
 
 
 def test_every_fill_is_named_once_with_its_width(compiled):
-    m = compiled[0].manifest
-    named = [(b["fill"], b["dtype"]) for b in m["buffers"].values() if b["kind"] == "input" and b.get("fill")]
-    assert sorted(named) == sorted(FILLS.items())
+    check_fills(compiled[0].manifest)
 
 
 def test_serving_forwards_take_every_step_in_order(files):

@@ -19,13 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replayed import compile_replayed  # noqa: E402
-
-from compare.serving import serving
-from manifests.kern_oracle import quiet_stderr, verdict
-from manifests.verify import verify
-
-FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu_seqlens": "i32", "blocks": "i32"}
+from replayed import check_fills, check_served, compile_replayed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +28,11 @@ def compiled(tmp_path_factory):
 
 
 def test_verified_by_both_and_a_one_sequence_host_can_serve_it(compiled):
-    res, out = compiled
-    assert verify(res.manifest) == []
-    with quiet_stderr():
-        v = verdict(out / "manifest.json")
-    assert v.accepted, v.violations[:3]
-    s = serving(res.manifest)
-    assert set(s.inputs) == set(FILLS) and s.prefill and s.decode
+    check_served(*compiled)
 
 
 def test_every_fill_is_named_once_with_its_width(compiled):
-    m = compiled[0].manifest
-    named = [(b["fill"], b["dtype"]) for b in m["buffers"].values() if b["kind"] == "input" and b.get("fill")]
-    assert sorted(named) == sorted(FILLS.items())
+    check_fills(compiled[0].manifest)
 
 
 def test_no_norm_reads_an_input(compiled):
