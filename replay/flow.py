@@ -56,19 +56,34 @@ def tagged(lengths: list[int], spans_: list[Span]) -> list[np.ndarray]:
     return out
 
 
+_MASTERS: dict[tuple[int, str], np.ndarray] = {}
+MASTER_MAX = 256 << 20      # poisons up to this size are prefixes of one cached array per seed and kind
+
+
 def poison(n: int, seed: int, kind: str) -> np.ndarray:
     """Seeded poison bytes: `random` (any byte), `random16` (each 4-byte lane a random value
     below 2^16: random bf16 halves, bounded integers) or `ones` (0xFF: NaN as any float, -1 as
-    any integer)."""
+    any integer). The first n bytes of one array per (seed, kind), generated once at the largest
+    size asked (why: a forward replay poisons hundreds of spans of up to tens of MiB, and drawing
+    each afresh was a tenth of its time); callers must not write into it."""
     if kind == "ones":
         return np.full(n, 0xFF, np.uint8)
+    if kind not in ("random", "random16"):
+        raise ValueError(f"unknown poison {kind!r}")
+    if n > MASTER_MAX:
+        return _drawn(n, seed, kind)
+    m = _MASTERS.get((seed, kind))
+    if m is None or len(m) < n:
+        m = _MASTERS[(seed, kind)] = _drawn(max(n, min(MASTER_MAX, max(1 << 20, 2 * len(m) if m is not None else 0))), seed, kind)
+    return m[:n]
+
+
+def _drawn(n: int, seed: int, kind: str) -> np.ndarray:
     b = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
     if kind == "random16":
         k = n // 4 * 4
         b[:k].reshape(-1, 4)[:, 2:] = 0
         b[k + 2:] = 0
-    elif kind != "random":
-        raise ValueError(f"unknown poison {kind!r}")
     return b
 
 

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from replay import flow as FL
+from replay import runs as RN
 from replay import host_gemm
 from replay.gpu import CudaError
 from replay.memory import Memory, blind_copies, copy_writes, pointee_writes, timeline
-from replay.plan import LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
+from replay.plan import REGION_ALIGN, LaunchPlan, PlanError, Region, plan_launch, read_attrs, read_host_ranges, read_tensormaps
 from replay.run import POISONS, WRITTEN_RANGES, Faulted, LaunchResult, WordFlow, _Setup
 
 FORWARD_REGION = 64 << 20     # bytes past a truncated allocation's highest used offset (block tables
@@ -138,15 +139,22 @@ def executed_window(executed, warm_forward: int, target_forwards: list[int]) -> 
                   {int(j) for j in np.flatnonzero(np.isin(f, target_forwards))}, spans)
 
 
-def _private(plan: LaunchPlan, k: int) -> LaunchPlan:
-    """`plan` with word k pointing at a copy of its region (appended as the last region; the
-    copy's loaded pointers are rewritten like the original's)."""
+def _private(plan: LaunchPlan, k: int) -> tuple[LaunchPlan, int]:
+    """(`plan` with word k pointing at a copy of its region, appended as the last region, and
+    where the copy starts in the original). The copy starts at the word's offset rounded down to
+    REGION_ALIGN, as a plan's regions start at their lowest word: what lies below it is other
+    words' memory, and copying a whole allocator segment per word made the copies most of a
+    launch's traffic. The copy's loaded pointers are rewritten like the original's."""
     w = plan.words[k]
+    g = plan.regions[w.region]
+    cut = w.offset // REGION_ALIGN * REGION_ALIGN
     words = list(plan.words)
     new = len(plan.regions)
-    words[k] = replace(w, region=new)
-    ind = plan.indirect + [(new, off, tk, toff, cap) for r, off, tk, toff, cap in plan.indirect if r == w.region]
-    return replace(plan, regions=plan.regions + [plan.regions[w.region]], words=words, indirect=ind)
+    words[k] = replace(w, region=new, offset=w.offset - cut)
+    ind = plan.indirect + [(new, off - cut, tk, toff, cap) for r, off, tk, toff, cap in plan.indirect
+                           if r == w.region and off >= cut]
+    copy = replace(g, start=g.start + cut, length=g.length - cut)
+    return replace(plan, regions=plan.regions + [copy], words=words, indirect=ind), cut
 
 
 def _shared(plan: LaunchPlan) -> list[bool]:
@@ -156,102 +164,65 @@ def _shared(plan: LaunchPlan) -> list[bool]:
     return [len(offs[w.region]) > 1 for w in plan.words]
 
 
-def _run(s: _Setup, fill: list[np.ndarray]) -> list[np.ndarray]:
-    """Upload `fill` (captured addresses in loaded pointer tables rewritten onto the fresh
-    regions), run, download (those words back to captured addresses where the launch left them).
-    A region whose device bytes already are this fill's array (the last run left it unchanged,
-    `s.holds`) is not uploaded again: a measurement runs one launch dozens of times with one span
-    poisoned, and re-sending a KV pool or a weight each time was most of the replay's time."""
-    fill = list(fill)
-    holds = getattr(s, "holds", None) or [None] * len(fill)
-    put: dict[tuple[int, int], tuple[bytes, bytes]] = {}
-    for r, off, tk, toff, cap in s.plan.indirect:
-        if fill[r] is not None and off + 8 <= len(fill[r]):
-            if not any(k[0] == r for k in put):
-                fill[r] = fill[r].copy()
-            new = (s.bases[tk] + toff).to_bytes(8, "little")
-            was = fill[r][off:off + 8].tobytes()    # the captured pointer, or a poison over it
-            fill[r][off:off + 8] = np.frombuffer(new, np.uint8)
-            put[(r, off)] = (new, was)
-    for r, (b, h) in enumerate(zip(s.bases, fill)):
-        if holds[r] is not h:
-            s.gpu.upload(b, h)
-    after = s.run()
-    rewritten = {r for r, _ in put}
-    s.holds = [None if r in rewritten else (h if FL.same(h, a) else a) for r, (h, a) in enumerate(zip(fill, after))]
-    for (r, off), (new, was) in put.items():
-        if after[r][off:off + 8].tobytes() == new:
-            after[r][off:off + 8] = np.frombuffer(was, np.uint8)
-    return after
-
-
-class _Runs:
-    """The write masks of one launch's runs, kept as their union and the baseline's (each run's
-    compared once; the runs' bytes are not kept)."""
-
-    def __init__(self, fill, after):
-        self.base = FL.written([(fill, after)])
-        self.union = [m.copy() for m in self.base]
-
-    def add(self, fill, after, region: int) -> list[np.ndarray]:
-        """This run's mask, or'ed with the baseline's in `region` (the poisoned span's: the only
-        one `FL.read_changed` reads)."""
-        m = FL.written([(fill, after)])
-        for u, x in zip(self.union, m):
-            np.logical_or(u, x, out=u)
-        m[region] = m[region] | self.base[region]
-        return m
-
-
-def _poisoned(fill: list[np.ndarray], span: FL.Span, seed: int, kind: str) -> list[np.ndarray]:
-    out = list(fill)
-    if span.hi > span.lo:
-        out[span.region] = fill[span.region].copy()
-        out[span.region][span.lo:span.hi] = FL.poison(span.hi - span.lo, seed, kind)
-    return out
-
-
-def _poison_loop(s, fill, base_after, span, key, seed, faulted, runs):
-    """Poison `span` (POISONS in order: bounded, any bytes, all ones) until a read shows: the last after, "fault"
-    for a span whose run faulted in an earlier worker; a new fault raises Faulted(key)."""
+def _poison_loop(live: RN.Live, fill: RN.Fill, base: RN.Out, span: FL.Span, key, seed, faulted,
+                 runs: RN.Masks, base_masks: RN.Masks):
+    """Poison `span` (POISONS in order: bounded, any bytes, all ones) until a read shows: the last
+    Out, "fault" for a span whose run faulted in an earlier worker; a new fault raises
+    Faulted(key). A run's read is judged on its own writes and the baseline's in the span's region."""
     if key in faulted:
         return "fault"
     got = None
     for kind in POISONS:
-        fill_p = _poisoned(fill, span, seed, kind)
+        fill_p = fill.with_poison(span.region, span.lo, FL.poison(span.hi - span.lo, seed, kind))
         try:
-            got = _run(s, fill_p)
+            got = live.run(fill_p)
         except CudaError as exc:
             if not exc.sticky:
                 raise
             raise Faulted(key, str(exc)) from None
-        if FL.read_changed(base_after, got, runs.add(fill_p, got, span.region), span):
+        mine = RN.Masks(len(fill.base)).add(got)
+        runs.add(got)
+        if RN.read_changed(base, got, base_masks.merged_with(mine, span.region), span.region, span.lo, span.hi):
             break
     return got
 
 
+def _judged(base: RN.Out, got, wrote: RN.Masks, span: FL.Span) -> tuple[bool | None, str]:
+    """`replay.flow.judged` on `Out`s."""
+    if got is None:
+        return None, ""
+    if isinstance(got, str):
+        return True, "fault"
+    return RN.read_changed(base, got, wrote, span.region, span.lo, span.hi), "output"
+
+
 def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: bool = True, seed: int = 1,
-                       faulted: frozenset = frozenset()) -> tuple[LaunchResult, list[np.ndarray] | None]:
-    """Run `plan` on `init` (its regions' bytes) and, when `measure`, its read and write sets by
-    the module docstring's rules; returns (result, the baseline's bytes after). Faults raise
-    `Faulted` (the caller restarts the worker; a poisoned span's fault counts as a read)."""
+                       faulted: frozenset = frozenset(), nonzero=None) -> tuple[LaunchResult, list | None]:
+    """Run `plan` on `init` (its regions' bytes; `nonzero`: per region the ranges outside which
+    they are zero, or None) and, when `measure`, its read and write sets by the module
+    docstring's rules; returns (result, the baseline's changes: per region the (offset, bytes)
+    ranges it changed, `replay.runs.Out.changes`). Faults raise `Faulted` (the caller restarts the
+    worker; a poisoned span's fault counts as a read)."""
     res = LaunchResult(plan.seq, plan.symbol, "ok", fill="forward",
                        regions=[{"buffer_id": r.buffer_id, "start": r.start, "length": r.length,
                                  "alloc_size": r.alloc_size, "truncated": r.truncated, "host": r.host}
                                 for r in plan.regions])
     s = _Setup(gpu, plan)
+    fill = RN.Fill(list(init), nonzero=nonzero)
     try:
+        live = RN.Live(s)
         try:
-            after = _run(s, init)
+            after = live.run(fill)
         except CudaError as exc:
             if exc.sticky:
                 raise Faulted(None, str(exc)) from None
             raise
         if not measure:
-            return res, after
-        again = _run(s, init)
-        res.deterministic = all(np.array_equal(a, b) for a, b in zip(after, again))
-        runs = _Runs(init, after)
+            return res, after.changes()
+        again = live.run(fill)
+        res.deterministic = RN.same(after, again)
+        base_masks = RN.Masks(len(init)).add(after)
+        runs = RN.Masks(len(init)).add(after)
         spans = FL.spans(plan.words, s.lengths)
         shared = _shared(plan)
         got: dict = {}
@@ -259,44 +230,49 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
             for span, sh in zip(spans, shared):
                 key = (span.region, span.lo, span.hi)
                 if not sh and key not in got:
-                    got[key] = _poison_loop(s, init, after, span, key, seed, faulted, runs)
-        wrote = runs.union
+                    got[key] = _poison_loop(live, fill, after, span, key, seed, faulted, runs, base_masks)
         priv: dict[int, tuple[np.ndarray, bool | None, str]] = {}
         for k, (w, sh) in enumerate(zip(plan.words, shared)):
             if sh:
-                priv[k] = _private_flow(gpu, plan, k, init, seed, faulted, res.deterministic)
+                priv[k] = _private_flow(gpu, plan, k, fill, seed, faulted, res.deterministic)
     finally:
         gpu.free_all()
-    res.bytes_written = int(sum(int(m.sum()) for m in wrote))
+    dense = [runs.dense(r, n) for r, n in enumerate(s.lengths)]
+    res.bytes_written = int(sum(int(m.sum()) for m in dense))
     for k, (w, span, sh) in enumerate(zip(plan.words, spans, shared)):
         if sh:
             m, read, how = priv[k]
         else:
-            m = wrote[span.region][span.lo:span.hi]
-            read, how = FL.judged(after, got.get((span.region, span.lo, span.hi)), wrote, span)
+            m = dense[span.region][span.lo:span.hi]
+            read, how = _judged(after, got.get((span.region, span.lo, span.hi)), runs, span)
         rg = FL.ranges(m)
         res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(rg), read, how,
-                                  FL.direction(bool(m.any()), read), sh, bool(wrote[w.region].any()), len(m),
+                                  FL.direction(bool(m.any()), read), sh, bool(dense[w.region].any()), len(m),
                                   [list(r) for r in rg[:WRITTEN_RANGES]]))
-    return res, after
+    return res, after.changes()
 
 
-def _private_flow(gpu, plan, k, init, seed, faulted, judge) -> tuple[np.ndarray, bool | None, str]:
-    """(bytes written through word k, read?, how) with word k on a private copy of its region."""
-    p = _private(plan, k)
+def _private_flow(gpu, plan, k, given: RN.Fill, seed, faulted, judge) -> tuple[np.ndarray, bool | None, str]:
+    """(bytes written through word k, from its offset, read?, how) with word k on a private copy of
+    its region."""
+    p, cut = _private(plan, k)
     w = p.words[k]
-    fill = list(init) + [init[plan.words[k].region].copy()]
+    r0 = plan.words[k].region
+    nz = given.nonzero
+    if nz is not None:
+        nz = list(nz) + [None if nz[r0] is None else [(a - cut, b - cut) for a, b in RN.clipped(nz[r0], cut, 1 << 62)]]
+    fill = RN.Fill(list(given.base) + [given.base[r0][cut:]], nonzero=nz)
     s = _Setup(gpu, p)
     try:
-        after = _run(s, fill)
-        runs = _Runs(fill, after)
+        live = RN.Live(s)
+        after = live.run(fill)
+        runs = RN.Masks(len(fill.base)).add(after)
         if not judge:
-            return runs.union[w.region][w.offset:], None, ""
+            return runs.dense(w.region, s.lengths[w.region])[w.offset:], None, ""
         span = FL.Span(w.region, w.offset, s.lengths[w.region])
-        g = _poison_loop(s, fill, after, span, ("private", plan.seq, k), seed, faulted, runs)
-        wrote = runs.union
-        m = wrote[w.region][w.offset:]
-        return (m, *FL.judged(after, g, wrote, span))
+        g = _poison_loop(live, fill, after, span, ("private", plan.seq, k), seed, faulted, runs, RN.Masks(len(fill.base)).add(after))
+        m = runs.dense(w.region, s.lengths[w.region])[w.offset:]
+        return (m, *_judged(after, g, runs, span))
     finally:
         gpu.free_all()
 
@@ -317,9 +293,10 @@ def _worker(conn, device) -> None:
         job = conn.recv()
         if job is None:
             return
-        plan, init, measure, faulted = job
+        plan, packed, measure, faulted = job
+        init, nonzero = _unpacked(packed)
         try:
-            conn.send(("ok", measure_in_context(gpu, plan, init, measure, faulted=faulted)))
+            conn.send(("ok", measure_in_context(gpu, plan, init, measure, faulted=faulted, nonzero=nonzero)))
         except Faulted as f:
             conn.send(("fault", (f.span, f.message)))
             return
@@ -519,7 +496,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
     workers = None
     if runner is None:
         workers = _Workers(device, timeout_s)
-        runner = lambda plan, init, measure: _run_job(workers, plan, init, measure)  # noqa: E731
+        runner = lambda plan, init, measure: _run_job(workers, plan, init, measure, mem)  # noqa: E731
     try:
         for n, seq in enumerate(seqs):
             if window.live[n]:
@@ -579,8 +556,7 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
             out.seconds["measure" if n in want else "run"] += time.perf_counter() - t1
             if after is not None:
                 out.ran += 1
-                for r, b, a in zip(plan.regions, init, after):
-                    mem.write_changed(_region_addr(r), b, a)
+                _write_back(mem, plan, init, after)
             elif res is not None:
                 out.faults.append((seq, res.message, sorted({fed[w.captured] for w in plan.words if w.captured in fed})))
             if n in want:
@@ -598,6 +574,18 @@ def replay_forward(dump, targets: list[int], warm_from: int | None = None, max_r
                             f"their bytes (up to {big} bytes, over MINE_CAPTURE_COPY_BYTES): those bytes are stale "
                             "or zero here; capture with MINE_CAPTURE_COPY_BYTES=65536")
     return out
+
+
+def _write_back(mem: Memory, plan: LaunchPlan, init, after) -> None:
+    """A launch's output into the rebuilt memory: `after` is per region either the (offset, bytes)
+    ranges it changed (`replay.runs.Out.changes`, what the GPU runner sends) or the region's
+    bytes whole (a CPU model of a launch)."""
+    for r, b, a in zip(plan.regions, init, after):
+        if isinstance(a, np.ndarray):
+            mem.write_changed(_region_addr(r), b, a)
+        else:
+            for lo, d in a:
+                mem.write_changed(_region_addr(r) + lo, b[lo:lo + len(d)], d)
 
 
 def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Memory, limit: int) -> None:
@@ -628,12 +616,31 @@ def _record(out: list, plan: LaunchPlan, seq: int, spans, seen_in: dict, mem: Me
             out.append(Word(span, seq, w.i, w.at, w.captured, now))
 
 
-def _run_job(workers: _Workers, plan: LaunchPlan, init, measure: bool):
+def _packed(init: list[np.ndarray], present: list[list[tuple[int, int]]]) -> list:
+    """A job's regions as sent to a worker: per region (length, [(lo, bytes)] of the ranges that
+    may be non-zero, `Memory.present`)."""
+    return [(len(a), [(lo, a[lo:hi]) for lo, hi in nz]) for a, nz in zip(init, present)]
+
+
+def _unpacked(packed) -> tuple[list[np.ndarray], list[list[tuple[int, int]]]]:
+    init, nonzero = [], []
+    for n, parts in packed:
+        a = np.zeros(n, np.uint8)
+        for lo, d in parts:
+            a[lo:lo + len(d)] = d
+        init.append(a)
+        nonzero.append([(lo, lo + len(d)) for lo, d in parts])
+    return init, nonzero
+
+
+def _run_job(workers: _Workers, plan: LaunchPlan, init, measure: bool, mem: Memory):
     """(result, after) of one launch; a poisoned span's fault is retried in a fresh worker with
-    that span counted as read; a baseline fault gives (fault result, None)."""
+    that span counted as read; a baseline fault gives (fault result, None). Only the regions'
+    written pages travel to the worker (`_packed`)."""
     faulted: set = set()
+    job = _packed(init, [mem.present(_region_addr(r), r.length) for r in plan.regions])
     while True:
-        kind, payload = workers.call((plan, init, measure, frozenset(faulted)))
+        kind, payload = workers.call((plan, job, measure, frozenset(faulted)))
         if kind == "ok":
             return payload
         if kind == "fault" and payload[0] is not None and payload[0] not in faulted:

@@ -87,6 +87,8 @@ class Gpu:
         self.allocs: list[int] = []
         self.host_allocs: list[int] = []
         self._flush: int | None = None
+        self._flags: tuple[int, int] | None = None      # (device address, bytes) of `diff`'s flags
+        self._diff_fn = None
         name = self._ok("cuDeviceGetName", cu.cuDeviceGetName(128, self.dev))
         self.name = name.split(b"\0")[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
 
@@ -130,6 +132,7 @@ class Gpu:
             self.cu.cuMemFreeHost(h)
         self.allocs, self.host_allocs = [], []
         self._flush = None
+        self._flags = None
 
     def zero(self, ptr: int, n: int) -> None:
         """Zero `n` bytes at `ptr` (device or mapped host memory), finished before it returns."""
@@ -144,6 +147,42 @@ class Gpu:
         host = np.empty(n, np.uint8)
         self._ok("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(host, ptr, n))
         return host
+
+    def copy(self, dst: int, src: int, n: int) -> None:
+        """Device-to-device copy of `n` bytes on the replay's stream (ordered before its next launch)."""
+        self._ok("cuMemcpyDtoDAsync", self.cu.cuMemcpyDtoDAsync(dst, src, n, self.stream))
+
+    def diff(self, a: int, b: int, n: int, chunk: int) -> np.ndarray:
+        """Indices of the `chunk`-byte chunks where the `n` bytes at device addresses `a` and `b`
+        differ, compared on the device (`replay/kernels/diff.cu`); only one flag byte per chunk
+        comes back. `chunk` is a power of two of at least 8 bytes; the bytes past the last whole
+        8-byte word count as a changed chunk (the caller downloads them)."""
+        if chunk < 8 or chunk & (chunk - 1):
+            raise ValueError(f"diff chunk {chunk} is not a power of two of at least 8")
+        words = n // 8
+        nflags = -(-n // chunk)
+        if self._flags is None or self._flags[1] < nflags:
+            self._flags = (self.alloc(max(nflags, 1 << 16)), max(nflags, 1 << 16))
+        flags = self._flags[0]
+        cu = self.cu
+        self._ok("cuMemsetD8Async", cu.cuMemsetD8Async(flags, 0, nflags, self.stream))
+        if words:
+            if self._diff_fn is None:
+                from importlib.resources import files
+
+                ptx = files("replay").joinpath("kernels/diff.ptx").read_bytes() + b"\0"
+                mod = self._ok("cuModuleLoadData", cu.cuModuleLoadData(ptx))
+                self._diff_fn = self._ok("cuModuleGetFunction", cu.cuModuleGetFunction(mod, b"mine_diff_chunks"))
+            shift = (chunk // 8).bit_length() - 1
+            params = [struct.pack("<Q", a), struct.pack("<Q", b), struct.pack("<Q", words), struct.pack("<I", shift),
+                      struct.pack("<Q", flags)]
+            blocks = int(min(-(-words // 256), 1 << 14))
+            self.launch(self._diff_fn, (blocks, 1, 1), (256, 1, 1), 0, params)
+        self.sync()
+        got = np.flatnonzero(self.download(flags, nflags))
+        if n % 8 and (not len(got) or got[-1] != (n - 1) // chunk):
+            got = np.append(got, (n - 1) // chunk)
+        return got
 
     def sync(self) -> None:
         self._ok("cuCtxSynchronize", self.cu.cuCtxSynchronize())

@@ -69,6 +69,20 @@ class Memory:
                 self.write(addr + pos, after[pos:pos + k])
         return changed
 
+    def present(self, addr: int, n: int) -> list[tuple[int, int]]:
+        """[lo, hi) ranges of [addr, addr + n), relative to addr, that lie in pages ever written
+        (outside them every byte is zero): what a replay sends of a region. Why: a rebuilt region
+        is mostly pages nothing wrote (a KV pool's window, a weight no launch of the window made),
+        and moving tens of MiB of zeros to a worker and the device was a replay's largest cost."""
+        out: list[list[int]] = []
+        for p, _o, pos, k in self._chunks(addr, n):
+            if p in self.pages:
+                if out and out[-1][1] == pos:
+                    out[-1][1] = pos + k
+                else:
+                    out.append([pos, pos + k])
+        return [(a, b) for a, b in out]
+
     @property
     def nbytes(self) -> int:
         return len(self.pages) * PAGE

@@ -124,7 +124,7 @@ def test_window_applies_copies_before_their_launch_and_writes_back(q2b):
 
 
 def test_private_copy_moves_one_word_only(q2b):
-    from replay.plan import plan_launch
+    from replay.plan import REGION_ALIGN, plan_launch
 
     L = q2b.launches
     seq = int(L.loc[L["symbol"].astype(str).str.contains("reshape_and_cache"), "seq"].iloc[0])
@@ -132,9 +132,14 @@ def test_private_copy_moves_one_word_only(q2b):
     sh = _shared(p)
     kv = [k for k, w in enumerate(p.words) if w.i in (2, 3)]
     assert len(kv) == 2 and all(sh[k] for k in kv)      # K and V caches interleave in one allocation
-    q = _private(p, kv[0])
-    assert len(q.regions) == len(p.regions) + 1 and q.regions[-1] == p.regions[p.words[kv[0]].region]
-    assert q.words[kv[0]].region == len(p.regions) and q.words[kv[0]].offset == p.words[kv[0]].offset
+    q, cut = _private(p, kv[0])
+    w, g = p.words[kv[0]], p.regions[p.words[kv[0]].region]
+    # the copy starts at the word's offset rounded down to REGION_ALIGN and ends where the region does
+    assert cut == w.offset // REGION_ALIGN * REGION_ALIGN
+    assert len(q.regions) == len(p.regions) + 1
+    assert (q.regions[-1].start, q.regions[-1].start + q.regions[-1].length) == (g.start + cut, g.start + g.length)
+    assert q.words[kv[0]].region == len(p.regions) and q.words[kv[0]].offset == w.offset - cut
+    assert q.regions[-1].alloc_base + q.regions[-1].start + q.words[kv[0]].offset == w.captured
     assert [w for k, w in enumerate(q.words) if k != kv[0]] == [w for k, w in enumerate(p.words) if k != kv[0]]
 
 

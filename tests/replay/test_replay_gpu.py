@@ -39,6 +39,34 @@ def _save(name: str, results) -> None:
         Path(out, name).write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
 
 
+def test_device_diff_finds_exactly_the_changed_chunks():
+    """`Gpu.diff` (replay/kernels/diff.ptx, JIT-loaded) against the host's compare of the same bytes:
+    changes at a chunk's first and last byte, in the middle, in the ragged tail past the last
+    8-byte word, and none at all."""
+    import numpy as np
+
+    from replay.gpu import Gpu
+    from replay.runs import CHUNK, host_chunks
+
+    gpu = Gpu(0)
+    try:
+        n = (1 << 20) + 5
+        rng = np.random.default_rng(11)
+        a = rng.integers(0, 256, n, dtype=np.uint8)
+        da, db = gpu.alloc(n), gpu.alloc(n)
+        gpu.upload(da, a)
+        gpu.copy(db, da, n)
+        assert len(gpu.diff(da, db, n, CHUNK)) == 0
+        b = a.copy()
+        for pos in (0, CHUNK - 1, 5 * CHUNK + 17, n - 3):
+            b[pos] ^= 0x5A
+        gpu.upload(db, b)
+        got = gpu.diff(da, db, n, CHUNK)
+        assert got.tolist() == host_chunks(a, b, CHUNK).tolist() == [0, 5, (n - 1) // CHUNK]
+    finally:
+        gpu.close()
+
+
 def test_probe_launches_replay_with_their_data_flow():
     from replay.run import replay_seqs
 
