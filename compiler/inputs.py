@@ -75,7 +75,8 @@ class ForwardInputs:
     step_because: str = ""
 
 
-def _allocs(dump) -> list[tuple[int, int]]:
+def allocations(dump) -> list[tuple[int, int]]:
+    """(base, size) of every device allocation the capture's allocation log saw, by base."""
     a = getattr(dump, "allocs", None)
     if a is None or len(a) == 0:
         return []
@@ -129,7 +130,7 @@ def collect(dump, doc) -> list[ForwardInputs]:
     pseq, pval = ptr["seq"].to_numpy(np.int64), ptr["value"].to_numpy(np.uint64)
     pi, pat = ptr["i"].to_numpy(), ptr["at"].to_numpy()
     sym = dict(zip(L["seq"].to_numpy(np.int64).tolist(), L["symbol"].astype(str)))
-    allocs = _allocs(dump)
+    allocs = allocations(dump)
     hosts = host_ranges(dump) or []
     out = [ForwardInputs(f.forward, f.phase, f.tokens, lo, hi) for lo, f, _o, _l, hi in ext]
     owner = _owners(C, out) if C is not None and len(C) else {}
@@ -167,7 +168,7 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
     launches before the window wrote and the replay never ran, so they stage values of no step
     (a decode's sequence length 1, its position 0)."""
     sym = dict(zip(dump.launches["seq"].to_numpy(np.int64).tolist(), dump.launches["symbol"].astype(str)))
-    allocs = _allocs(dump)
+    allocs = allocations(dump)
     by: dict[tuple[int, int], list] = {}
     # a record's span id is its forward's first live launch (`replay.forward.executed_window`;
     # a seq window's spans start there too); a file whose ids name no forward so falls back on

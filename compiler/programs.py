@@ -25,8 +25,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from compiler import builds, externs
 from compiler.errors import CompileError
+from compiler.inputs import allocations
 from compiler.launches import Launch, read_launches
 from vocab.analysis import AnalysisDoc, site_name
 
@@ -106,13 +109,14 @@ def device_staging(dump, doc: AnalysisDoc, fwds, launches: dict[int, Launch]) ->
     begin = walk[0].first_seq if walk else 0
     C = getattr(dump, "copies", None)
     copies = []
-    if C is not None and len(C):
-        ok = ((C["result"] == 0) & ~C["in_graph"].astype(bool) & (C["size"] > 0)
-              & (C["seq_before"] >= begin)).to_numpy()
-        copies = sorted(zip(C["seq_before"].to_numpy("int64")[ok].tolist(), C["dst"].to_numpy("uint64")[ok].tolist(),
-                            C["size"].to_numpy("int64")[ok].tolist()))
-    since: dict[int, int] = {}        # address -> seq from which it holds host data
     ranges: list[tuple[int, int, int]] = []   # (dst, end, seq) of the copies applied so far
+    if C is not None and len(C):
+        ok = ((C["result"] == 0) & ~C["in_graph"].astype(bool) & (C["size"] > 0)).to_numpy()
+        late = ok & (C["seq_before"] >= begin).to_numpy()
+        copies = sorted(zip(C["seq_before"].to_numpy("int64")[late].tolist(), C["dst"].to_numpy("uint64")[late].tolist(),
+                            C["size"].to_numpy("int64")[late].tolist()))
+        ranges = start_tables(C[ok & ~late], allocations(dump))
+    since: dict[int, int] = {}        # address -> seq from which it holds host data
     killed: dict[int, int] = {}       # address -> the last seq a model launch wrote it
     at = 0
     out: set[int] = set()
@@ -146,6 +150,55 @@ def device_staging(dump, doc: AnalysisDoc, fwds, launches: dict[int, Launch]) ->
             for w, d in zip(x.words, dirs):
                 if d in ("out", "inout") or (d is None and externs.is_library(x.symbol)):
                     killed[w.value] = seq
+    return out
+
+
+SMALL = 1 << 23    # below the bits of any normal fp32 or bf16 value (their exponent's lowest bit)
+
+
+def is_table(data: bytes | None, allocs: list[tuple[int, int]]) -> bool:
+    """Whether copied bytes are a table the engine's host wrote for its own kernels: whole 4-byte
+    words, not all zero, each 4-byte word below SMALL (i32 strides, sizes, counts) or each 8-byte
+    word an address inside a captured allocation or an integer below SMALL (buffer addresses). Model data never reads so: a word of fp32 or of bf16 values holds
+    an exponent, and any normal value sets a bit at or above SMALL."""
+    if data is None or len(data) == 0 or len(data) % 4:
+        return False
+    raw = bytes(data)
+    if not any(raw):
+        return False
+    if (np.frombuffer(raw, "<u4") < np.uint32(SMALL)).all():
+        return True                     # i32 counts, sizes, strides
+    if len(raw) % 8:
+        return False
+    v = np.frombuffer(raw, "<u8")
+    small = v < np.uint64(SMALL)
+    if small.all():
+        return True
+    if not allocs:
+        return False
+    b = np.array([a for a, _ in allocs], np.uint64)
+    e = b + np.array([n for _, n in allocs], np.uint64)
+    j = np.searchsorted(b, v[~small], side="right") - 1
+    return bool(((j >= 0) & (v[~small] < e[np.maximum(j, 0)])).all())
+
+
+def start_tables(copies, allocs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(dst, end, seq) of the copies made before the forwards began that still hold a host table
+    (`is_table`) when they begin: a later copy of other bytes over one ends it. Why: vLLM 0.26's
+    model runner copies the addresses and strides of its block tables in once at start-up
+    (`_compute_slot_mappings_kernel` reads them every step); those are host data as much as the
+    per-step copies, while the weights copied in before the forwards are not tables."""
+    out: list[tuple[int, int, int]] = []
+    if copies is None or not len(copies):
+        return out
+    rows = sorted(zip(copies["seq_before"].to_numpy("int64").tolist(), copies["dst"].to_numpy("uint64").tolist(),
+                      copies["size"].to_numpy("int64").tolist(), copies["has_bytes"].astype(bool).tolist(),
+                      copies["data"].tolist()), key=lambda r: r[0])
+    for seq, dst, n, has, data in rows:
+        lo, hi = int(dst), int(dst) + int(n)
+        out = [r for r in out if r[1] <= lo or hi <= r[0]]
+        if has and is_table(data, allocs):
+            out.append((lo, hi, int(seq)))
     return out
 
 
