@@ -73,6 +73,7 @@ class ForwardInputs:
     arrays: list[Array] = field(default_factory=list)
     step: Step | None = None
     step_because: str = ""
+    order: tuple = ()          # its launch seqs in the order they ran, graph nodes where they ran
 
 
 def allocations(dump) -> list[tuple[int, int]]:
@@ -132,7 +133,7 @@ def collect(dump, doc) -> list[ForwardInputs]:
     sym = dict(zip(L["seq"].to_numpy(np.int64).tolist(), L["symbol"].astype(str)))
     allocs = allocations(dump)
     hosts = host_ranges(dump) or []
-    out = [ForwardInputs(f.forward, f.phase, f.tokens, lo, hi) for lo, f, _o, _l, hi in ext]
+    out = [ForwardInputs(f.forward, f.phase, f.tokens, lo, hi, order=tuple(o.tolist())) for lo, f, o, _l, hi in ext]
     owner = _owners(C, out) if C is not None and len(C) else {}
     for fi, (_lo, f, order, live, _hi) in zip(out, ext):
         if not owner:
@@ -205,6 +206,16 @@ def add_replayed(dump, fwds: list[ForwardInputs], contents, kept: dict | None = 
             first = min((sq for sq in users.get(addr, ()) if mine and sq in mine and sq >= w.seq), default=None)
             if first is not None:
                 fi, w = [r for r in recs if r[1].seq <= first][-1]
+            elif mine and fi.order:
+                # only a graph replay's kernels read it (their seqs are the capture's, below the
+                # forward's): they find what the last record made before the replay ran holds,
+                # the forward's staging having written it and nothing since
+                at = {sq: k for k, sq in enumerate(fi.order)}
+                runs = [at[sq] for sq in users.get(addr, ()) if sq in mine and sq in at and not fi.first <= sq <= fi.last]
+                before = [r for r in recs if at.get(r[1].seq, len(at)) < min(runs)] if runs else []
+                if before:
+                    fi, w = before[-1]
+                    first = w.seq
         if first is None and mine:
             # only launches the program leaves out (staging) pass it: no input of the program, and
             # its first record is the previous step's bytes, which would name the wrong step

@@ -5,7 +5,9 @@ tests/gpu_results/session14). The V2 runner computes each step's slot mapping on
 (`_compute_slot_mappings_kernel`) from tables its host copied in once at start-up (the block
 tables' addresses, strides and page sizes); with those tables counted as host data
 (`compiler.programs.start_tables`), the kernel is staging, left out of the decode program, and
-the slot mapping it writes is the program's `slot` input."""
+the slot mapping it writes is the program's `slot` input. Not yet named (issue 22): the
+attention's gathered block table and the logits gather's index (taken for `blocks`): a
+one-sequence decode's single entries read alike."""
 from __future__ import annotations
 
 import sys
@@ -47,6 +49,12 @@ def test_the_device_staging_of_the_slot_mapping_is_left_out_and_its_output_is_th
     assert any("reshape_and_cache" in e for e in entries) and any("unified_attention" in e for e in entries)
     fills = {b["fill"]: b for b in m["buffers"].values() if b["kind"] == "input" and b.get("fill")}
     assert fills["slot"]["dtype"] == "i64" and fills["token"]["dtype"] == "i32"
+    # position and sequence length are staged too, and read only inside the graph replay: named
+    # from the bytes the last staging record left before the replay ran (compiler.inputs.add_replayed)
+    assert {"position", "seq_len"} <= set(fills)
+    rope = [c for c in m["programs"]["decode"]["calls"] if any(a.get("buf") == next(
+        n for n, b in m["buffers"].items() if b.get("fill") == "position") for a in c["args"] if isinstance(a, dict))]
+    assert rope and all(c["label"].split(".", 1)[1].startswith("triton_") for c in rope)
     # the slot input is what the KV write reads
     slot = next(n for n, b in m["buffers"].items() if b.get("fill") == "slot")
     kv = [c for c in m["programs"]["decode"]["calls"] if "reshape_and_cache" in c["label"]]
