@@ -22,7 +22,11 @@ echo "analyze rc=$? at $(el) s"
 python - "$out/analysis.json" > "$out/targets.txt" <<'PY'
 import json, sys
 fw = [f for f in json.load(open(sys.argv[1]))["passes"]["forwards"] if f.get("n_launches") and f.get("phase") == "serve"]
-pre = next(k for k, f in enumerate(fw) if (f.get("tokens") or 0) > 1)
+import os
+pres = [k for k, f in enumerate(fw) if (f.get("tokens") or 0) > 1]
+# TARGET=longest: the longest prompt's prefill, whose decodes read several KV pages (a block
+# table of one entry reads like any small integer); default: the first serving prefill
+pre = max(pres, key=lambda k: fw[k]["tokens"]) if os.environ.get("TARGET") == "longest" else pres[0]
 dec = [f for f in fw[pre + 1:pre + 4] if f.get("tokens") == 1]
 print(" ".join(f"--forward {f['forward']}" for f in [fw[pre]] + dec[-1:]))
 PY
