@@ -96,18 +96,31 @@ def _slot_page(v: np.ndarray, step: Step, prefix: bool) -> int | None:
     return None
 
 
-def _blocks(v: np.ndarray, step: Step, page: int | None) -> tuple[int, int] | None:
-    """(P, w) when v reads as a [sequences, w] table of each sequence's pages."""
+BOUNDED = 4           # pages a bounded block table must show (summed over its rows) to be structure
+
+
+def _blocks(v: np.ndarray, step: Step, page: int | None) -> tuple[int, int, bool, int] | None:
+    """(P, w, bounded, pages compared) when v reads as a [sequences, w] table of each sequence's pages: each row's
+    ceil(len / P) leading entries distinct. `bounded`: moreover each row's pages are non-zero and
+    every entry after them is zero (an engine's table, its unused entries the null page), over
+    BOUNDED pages or more -- for one P only, since the zeros start at exactly ceil(len / P).
+    Why it counts as structure: a one-sequence decode's table keeps its pages from step to step, so
+    no agreement over changing values ever names it, while a run of distinct pages that ends where
+    the context's page count says is no chance reading."""
     n = len(step.runs)
     if n == 0 or len(v) % n or (v < 0).any():
         return None
     w = len(v) // n
     rows = v.reshape(n, w)
+    loose = None
     for P in ([page] if page else PAGES):
         need = [-(-r.end // P) for r in step.runs]
         if max(need) <= w and all(len(set(rows[i, :k].tolist())) == k for i, k in enumerate(need)):
-            return P, w
-    return None
+            if sum(need) >= BOUNDED and all((rows[i, :k] != 0).all() and not rows[i, k:].any()
+                                            for i, k in enumerate(need)):
+                return P, w, True, sum(need)
+            loose = loose or (P, w, False, sum(need))
+    return loose
 
 
 def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: bool = False) -> list[Match]:
@@ -164,8 +177,10 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
             # a known head of one sequence is its row; of several, the row width is unknown
             b = _blocks(v, step, None) if not prefix or len(step.runs) == 1 else None
             if b is not None:
-                out.append(Match("blocks", dt, "weak", f"reads as [{len(step.runs)}, {b[1]}] with each sequence's "
-                                 f"ceil(len / {b[0]}) leading entries distinct, {how}", n, prefix, b[0]))
+                out.append(Match("blocks", dt, "structure" if b[2] else "weak",
+                                 f"reads as [{len(step.runs)}, {b[1]}] with each sequence's ceil(len / {b[0]}) leading "
+                                 f"entries distinct" + (", non-zero, and zeros after them" if b[2] else "") + f", {how}",
+                                 b[3] if b[2] else n, prefix, b[0]))
     out = [_weak_prefix(m, step) for m in out]
     # surest first; a blocks reading (the loosest test) after any other of the same sureness
     return sorted(out, key=lambda m: (SURE[m.sure], m.fill == "blocks",
@@ -174,10 +189,12 @@ def match(data: bytes, step: Step | None, tokens: int | None = None, prefix: boo
 
 def _weak_prefix(m: Match, step: Step | None) -> Match:
     """A prefix match that compared fewer than 3 elements is weak (a one-token step's token id
-    is any host buffer's first word that happens to equal it)."""
+    is any host buffer's first word that happens to equal it); a block table's elements are the
+    pages it showed."""
     if not m.prefix or step is None:
         return m
-    want = step.tokens if m.fill in ("token", "position", "slot") else len(step.runs) + (m.fill == "cu_seqlens")
+    want = (step.tokens if m.fill in ("token", "position", "slot") else m.elements if m.fill == "blocks"
+            else len(step.runs) + (m.fill == "cu_seqlens"))
     k = min(m.elements, want)
     if k >= 3 or m.sure == "weak":
         return Match(m.fill, m.dtype, m.sure, m.because, k, True, m.page)

@@ -26,9 +26,12 @@ import os
 pres = [k for k, f in enumerate(fw) if (f.get("tokens") or 0) > 1]
 # TARGET=longest: the longest prompt's prefill, whose decodes read several KV pages (a block
 # table of one entry reads like any small integer); default: the first serving prefill
-pre = max(pres, key=lambda k: fw[k]["tokens"]) if os.environ.get("TARGET") == "longest" else pres[0]
-dec = [f for f in fw[pre + 1:pre + 4] if f.get("tokens") == 1]
-print(" ".join(f"--forward {f['forward']}" for f in [fw[pre]] + dec[-1:]))
+# TARGET=longest-decodes: the first and fourth decode after it only (the prefill runs unmeasured)
+t = os.environ.get("TARGET", "")
+pre = max(pres, key=lambda k: fw[k]["tokens"]) if t.startswith("longest") else pres[0]
+dec = [f for f in fw[pre + 1:pre + 5] if f.get("tokens") == 1]
+pick = [dec[0], dec[-1]] if t == "longest-decodes" else [fw[pre]] + dec[:3][-1:]
+print(" ".join(f"--forward {f['forward']}" for f in pick))
 PY
 timeout ${REPLAY_S:-480} python -m mine.cli replay "$DUMP" $(cat "$out/targets.txt") --in-order --analysis "$out/analysis.json" \
   --flow-out "$out/flow.json" --contents-out "$out/contents.json" --json "$out/replay.json" > "$out/replay.log" 2>&1
