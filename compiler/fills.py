@@ -101,8 +101,9 @@ BOUNDED = 4           # pages a bounded block table must show (summed over its r
 
 def _blocks(v: np.ndarray, step: Step, page: int | None) -> tuple[int, int, bool, int] | None:
     """(P, w, bounded, pages compared) when v reads as a [sequences, w] table of each sequence's pages: each row's
-    ceil(len / P) leading entries distinct. `bounded`: moreover each row's pages are non-zero and
-    every entry after them is zero (an engine's table, its unused entries the null page), over
+    ceil(len / P) leading entries distinct. `bounded`: moreover each row's pages are non-zero page
+    numbers below 2^31 (an i32 table read as i64 packs two pages a word, far above) and every entry
+    after them is zero (an engine's table, its unused entries the null page), over
     BOUNDED pages or more -- for one P only, since the zeros start at exactly ceil(len / P).
     Why it counts as structure: a one-sequence decode's table keeps its pages from step to step, so
     no agreement over changing values ever names it, while a run of distinct pages that ends where
@@ -116,8 +117,8 @@ def _blocks(v: np.ndarray, step: Step, page: int | None) -> tuple[int, int, bool
     for P in ([page] if page else PAGES):
         need = [-(-r.end // P) for r in step.runs]
         if max(need) <= w and all(len(set(rows[i, :k].tolist())) == k for i, k in enumerate(need)):
-            if sum(need) >= BOUNDED and all((rows[i, :k] != 0).all() and not rows[i, k:].any()
-                                            for i, k in enumerate(need)):
+            if sum(need) >= BOUNDED and all((rows[i, :k] != 0).all() and (rows[i, :k] < 1 << 31).all()
+                                            and not rows[i, k:].any() for i, k in enumerate(need)):
                 return P, w, True, sum(need)
             loose = loose or (P, w, False, sum(need))
     return loose

@@ -197,3 +197,21 @@ def progress(what: str):
         return
     with err.status(what, spinner="dots"):
         yield
+
+
+def every(seconds: float):
+    """A progress callback for a window replay that prints one line on stderr at most every
+    `seconds`: a replay on a GPU runs for minutes, and a run cut by a time limit then still says
+    how far it got."""
+    import sys
+    import time
+
+    t0 = last = time.monotonic()
+
+    def show(done: int, total: int, seq: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= seconds or done == total:
+            last = now
+            print(f"replay: {done}/{total} executions (launch {seq}) after {now - t0:.0f} s", file=sys.stderr, flush=True)
+    return show

@@ -136,6 +136,7 @@ def _graph_window(a, doc, dump, forwards, warm_forward):
 def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
     from rich.console import Console
 
+    from mine.checks import every
     from mining.analyze import analyze, document
     from replay.forward import replay_forward
     from replay.select import warm_forward, warm_start
@@ -154,7 +155,7 @@ def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
     if contents_out is not None:
         spans = [(f.first_seq, f.last_seq) for f in doc.passes.forwards if f.n_launches]
     fr = replay_forward(dump, seqs, warm_from, spans=spans, contents_bytes=4096 if contents_out else 0, window=window,
-                        progress=_every(20.0))
+                        progress=every(20.0))
     if contents_out is not None:
         contents_out.write_text(json.dumps(Contents(len(dump.launches), fr.window, 4096, fr.contents).to_json()))
         Console().print(f"wrote {contents_out} ({len(fr.contents)} words)")
@@ -172,24 +173,6 @@ def _in_order(dump, seqs, forwards, warm_from, contents_out=None):
         Console().print(f"  launch {seq} faulted ({msg})" + (f"; it was given buffers of launches left out: "
                                                               f"{', '.join(map(str, up[:5]))}" if up else ""))
     return fr.results
-
-
-def _every(seconds: float):
-    """A progress callback for a window replay that prints one line on stderr at most every
-    `seconds`: a replay on a GPU runs for minutes, and a run cut by a time limit then still says
-    how far it got."""
-    import sys
-    import time
-
-    t0 = last = time.monotonic()
-
-    def show(done: int, total: int, seq: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= seconds or done == total:
-            last = now
-            print(f"replay: {done}/{total} executions (launch {seq}) after {now - t0:.0f} s", file=sys.stderr, flush=True)
-    return show
 
 
 def _table(results, forwards, ceil=None) -> None:

@@ -2,11 +2,11 @@
 window runs for minutes under a time limit, and a cut run must still show where it was."""
 from __future__ import annotations
 
-from mine.cmd_replay import _every
+from mine.checks import every
 
 
 def test_progress_prints_the_last_execution_and_throttles_the_rest(capsys):
-    show = _every(3600.0)
+    show = every(3600.0)
     for n in range(1, 6):
         show(n, 5, 100 + n)
     lines = capsys.readouterr().err.strip().splitlines()
@@ -14,7 +14,7 @@ def test_progress_prints_the_last_execution_and_throttles_the_rest(capsys):
 
 
 def test_progress_with_no_throttle_prints_every_execution(capsys):
-    show = _every(0.0)
+    show = every(0.0)
     for n in range(1, 4):
         show(n, 3, n)
     assert [ln.split(" (")[0] for ln in capsys.readouterr().err.strip().splitlines()] == [
