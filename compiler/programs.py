@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler import builds, externs
+from compiler import builds, device_ops, externs
 from compiler.errors import CompileError
 from compiler.inputs import allocations
 from compiler.launches import Launch, read_launches
@@ -324,19 +324,30 @@ def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Pro
     if unknown:
         notes.append(f"{len(unknown)} forward(s) show no sequence count (forwards {unknown[:8]}), so their step "
                      f"kind is unknown: left out of every program")
+    ops = device_ops.placed(dump)
+    cap = device_ops.capture_ids(dump, [s for f in fwds for s in _seqs(f)])
+    notes += device_ops.graph_gaps(dump, _graphs(dump), {c for c in cap.values() if c >= 0})
+    flowd = {(w.site, w.i, w.at): w.direction for w in (doc.flow or [])}
+    allocs = allocations(dump) if ops else []
     for name in ("decode", "prefill"):
         kind = [f for f in fwds if kind_of(int(f.tokens), seqs_of(f)) == name]
         if not kind:
             continue
         samples = {}
+        op_notes: list[str] = []
         for f in kind:
             # fresh Launch objects per forward: a record replayed in several forwards is a
             # different call site in each
             own = {s: _copy(launches[s]) for s in _seqs(f)}
+            if ops:
+                order = _seqs(f)
+                own, dn = device_ops.apply(f, order, own, device_ops.positions(order, cap, ops), flowd, allocs)
+                op_notes += [n for n in dn if n not in op_notes]
             steps, staging = _steps(f, own, staged)
             steps, tail = cut_at_logits(steps, vocab)
             samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging, [st.launch for st in tail],
                                         seqs_of(f))
+        notes += [f"{name} forwards: {n}" for n in op_notes]
         serve = Counter(tuple(st.key for st in samples[f.forward].steps) for f in kind if f.phase == "serve")
         if not serve:
             notes.append(f"no {name} program: the {name} forwards are all start-up passes")
@@ -450,6 +461,18 @@ def _join(prog: Program, s: Sample) -> str | None:
                     f"builds (compiler.builds)")
     prog.samples.append(s)
     return None
+
+
+def _graphs(dump):
+    """The dump's graphs.jsonl frame (empty without one, or for a dump held only in memory)."""
+    from mining.graphs import read_graphs
+    src = getattr(dump, "source", None)
+    if src is None:
+        return None
+    try:
+        return read_graphs(src.parent)
+    except OSError:
+        return None
 
 
 def _copy(x: Launch) -> Launch:

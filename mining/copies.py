@@ -11,6 +11,9 @@ launch seq each copy precedes; `bytes_before` answers "what did the host last pu
 the same as (address, bytes) runs of the known bytes only, for a range as large as an allocation
 (what a replay uploads over its fill).
 
+Device-side records (`op` "dtod": a device-to-device copy, "memset": a memset, never with bytes)
+are split off by `split_copies` (`Dump.device_ops`): the rule below is over host-to-device copies.
+
 The rule (the docs' reader rule): a copy with `result` 0 that is not part of a graph (neither a
 copy made inside a stream capture nor a memcpy node's definition: those run at replays, not when
 recorded) wrote `[dst, dst + size)` for every launch with `seq >= seq_before`; of the copies that
@@ -39,7 +42,9 @@ COPIES = "copies.jsonl"
 COPY_COLUMNS = {"seq": "int64", "seq_before": "int64", "t_ns": "int64", "tid": "int32", "dev": "int16",
                 "api": "category", "stream": "uint64", "async": "bool", "dst": "uint64", "src": "uint64",
                 "size": "int64", "result": "int32", "in_graph": "bool", "graph": "uint64", "capture_id": "int64",
-                "node": "uint64", "has_bytes": "bool", "data": "object"}
+                "node": "uint64", "has_bytes": "bool", "data": "object", "op": "object", "value": "int64",
+                "elem": "int8"}
+OPS = ("htod", "dtod", "memset")   # vocab.capture_tables.COPY_OPS: what a record is
 _ADDR = re.compile(r"0x[0-9a-fA-F]{1,16}\Z")
 _HEX = re.compile(r"(?:[0-9a-f]{2})*\Z")
 SIZE_LIMIT = 1 << 48
@@ -81,6 +86,19 @@ def _copy(line: bytes):
         if not isinstance(g, dict) or _addr(g.get("graph")) is None or not _int(g.get("capture_id"), 0, 1 << 62):
             return None
         graph, capid = _addr(g["graph"]), g["capture_id"]
+    op = r.get("op", "htod")   # a record of a dump from before device copies were logged is host-to-device
+    if op not in OPS:
+        return None
+    value, elem = -1, 0
+    if op == "memset":
+        if not (_int(r.get("value"), 0, 1 << 32) and r.get("elem") in (1, 2, 4) and not isinstance(r.get("elem"), bool)
+                and r["size"] % r["elem"] == 0):
+            return None
+        value, elem = r["value"], r["elem"]
+    elif "value" in r or "elem" in r:
+        return None
+    if op != "htod" and "hex" in r:
+        return None   # the bytes of a device-side copy are never read from the CPU
     data = None
     if "hex" in r:
         h = r["hex"]
@@ -90,7 +108,8 @@ def _copy(line: bytes):
     return {"seq": r["seq"], "seq_before": r["seq_before"], "t_ns": r["t_ns"], "tid": r["tid"], "dev": r["dev"],
             "api": r["api"], "stream": addrs["stream"], "async": bool(r["async"]), "dst": addrs["dst"],
             "src": addrs["src"], "size": r["size"], "result": r["result"], "in_graph": g is not None,
-            "graph": graph, "capture_id": capid, "node": node, "has_bytes": data is not None, "data": data}
+            "graph": graph, "capture_id": capid, "node": node, "has_bytes": data is not None, "data": data,
+            "op": op, "value": value, "elem": elem}
 
 
 def read_copies(path: Path, warnings: list[str] | None = None, report: FileReport | None = None) -> pd.DataFrame:
@@ -110,6 +129,16 @@ def copies_frame(rows: list[dict]) -> pd.DataFrame:
     """The frame of parsed copy rows (also the empty frame, with its dtypes)."""
     df = pd.DataFrame(rows, columns=list(COPY_COLUMNS))
     return df.astype(COPY_COLUMNS)
+
+
+def split_copies(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(host-to-device copies, device-side operations: device-to-device copies and memsets), each in
+    file order. Why two frames: the host's copies are a forward's inputs (what `bytes_before`
+    answers from); a device-to-device copy or a memset is part of the computation, made between or
+    inside the launches (a CUDA graph's copy of its output into a static buffer), whose bytes
+    come from the device."""
+    host = df["op"] == "htod"
+    return df[host].reset_index(drop=True), df[~host].reset_index(drop=True)
 
 
 @dataclass(frozen=True)

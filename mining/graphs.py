@@ -33,7 +33,8 @@ from mining.damage import FileReport, lines_report
 
 GRAPHS = "graphs.jsonl"
 GRAPH_COLUMNS = ("event", "t_ns", "stream", "graph", "exec", "capture_id", "seq_first", "seq_last",
-                 "nodes", "seq")
+                 "nodes", "seq", "kernel_nodes", "memcpy_nodes", "memset_nodes", "other_nodes")
+NODE_TYPES = ("kernel", "memcpy", "memset", "other")   # capture_end `node_types` (capture/src/graphs.c)
 
 
 def _graph_event(line: bytes):
@@ -45,7 +46,16 @@ def _graph_event(line: bytes):
         return None
     if not isinstance(r, dict) or not isinstance(r.get("event"), str):
         return None
-    row = {k: r.get(k) for k in GRAPH_COLUMNS}
+    row = {k: r.get(k) for k in GRAPH_COLUMNS if not k.endswith("_nodes")}
+    types = r.get("node_types")
+    if types is not None:   # the captured graph's nodes by type; they add up to `nodes`
+        if not isinstance(types, dict) or set(types) != set(NODE_TYPES) or not isinstance(r.get("nodes"), int):
+            return None
+        if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62 for v in types.values()) \
+                or sum(types.values()) != r["nodes"]:
+            return None
+    for t in NODE_TYPES:
+        row[f"{t}_nodes"] = None if types is None else types[t]
     for k in _NUMS:
         v = row[k]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62):
@@ -56,7 +66,8 @@ def _graph_event(line: bytes):
     return row
 
 
-_NUMS = ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq")
+_NUMS = ("t_ns", "capture_id", "seq_first", "seq_last", "nodes", "seq", "kernel_nodes", "memcpy_nodes", "memset_nodes",
+         "other_nodes")
 
 
 def read_graphs(folder: Path, warnings: list[str] | None = None,

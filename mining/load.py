@@ -45,8 +45,9 @@ frames equal those of the same launches in the default form. Launches naming a f
 lacks are dropped with one warning. The cache is keyed on functions.jsonl too.
 
 Copy log (`copies.jsonl`, MINE_CAPTURE_COPY_LOG=1, the default; `mining/copies.py`): read into
-`Dump.copies`, each copy with the launch seq it precedes; `mining.copies.bytes_before` answers what
-a device range held before a launch. Not cached (the file is small next to the launch file).
+`Dump.copies` (host-to-device), each copy with the launch seq it precedes; `mining.copies.bytes_before`
+answers what a device range held before a launch. Device-to-device copies and memsets go to
+`Dump.device_ops` (the same columns). Not cached (the file is small next to the launch file).
 
 Snapshot (`snapshot.jsonl` + `snapshot/`, MINE_CAPTURE_SNAPSHOT_*; `mining/snapshot.py`): read into
 `Dump.snapshot`, whose `read(address, n)` gives the bytes of a range the copied allocations cover.
@@ -73,7 +74,7 @@ from mining.binload import read_bin_frames
 from mining.cache import read_cache, write_cache
 from mining.errors import DumpError
 from mining.frames import hex_le_u64, hex_num_u64  # re-exported: tests import them from here
-from mining.copies import COPIES, read_copies
+from mining.copies import COPIES, read_copies, split_copies
 from mining.damage import FileReport, lines_report
 from mining.functions import FUNCTIONS, Functions, read_functions
 from mining.graphs import GRAPHS, read_graphs
@@ -105,6 +106,7 @@ class Dump:
     damage: list[FileReport] = field(default_factory=list)  # per file read: what was skipped (damage.py)
     copies: pd.DataFrame | None = None  # copies.jsonl host-to-device copies (mining/copies.py), if any
     snapshot: Snapshot | None = None    # snapshot.jsonl + snapshot/ device bytes (mining/snapshot.py), if any
+    device_ops: pd.DataFrame | None = None  # copies.jsonl device-to-device copies and memsets (split_copies)
 
 
 # ------------------------------------------------------------------ locating the files
@@ -333,6 +335,9 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     modules = _module_frame(folder, warnings, reports["modules.jsonl"])
     read_graphs(folder, None, reports[GRAPHS])
     copies = read_copies(folder / COPIES, warnings, reports[COPIES]) if (folder / COPIES).is_file() else None
+    device_ops = None
+    if copies is not None:
+        copies, device_ops = split_copies(copies)
     if copies is not None and (meta.get("counters") or {}).get("copies_dropped"):
         warnings.append(f"{COPIES}: the capture could not write {meta['counters']['copies_dropped']} copy "
                         f"record(s); the bytes of a range they wrote may be older ones")
@@ -341,7 +346,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     warnings += _damage_notes(damage, meta, reports[src.name], len(launches))
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies, snapshot)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies, snapshot, device_ops)
 
 
 def _damage_notes(damage: list[FileReport], meta: dict, launch: FileReport, kept: int) -> list[str]:

@@ -30,8 +30,9 @@ from pathlib import Path
 #   alloc_log   only logged (the allocation log), no epoch
 #   tensormap   a cuTensorMapEncode*: one tensormaps.jsonl record (tmap.c)
 #   graph       stream capture and graph lifecycle: one graphs.jsonl event (graphs.c)
-#   copy        a host-to-device copy, or a memcpy node of a hand-built graph: one copies.jsonl record
-#               (copies.c; the generic cuMemcpy* only when the driver says host -> device)
+#   copy        a host-to-device or device-to-device copy, a memset, or a memcpy node of a hand-built
+#               graph: one copies.jsonl record (copies.c; the generic cuMemcpy* only when the driver
+#               says host -> device or device -> device)
 # Kinds name the parameter struct shape within a family (the C code reads one representative
 # struct per kind; the header asserts that every call of the kind has that struct's layout).
 KIND_FAMILY = {
@@ -45,6 +46,9 @@ KIND_FAMILY = {
     "EXEC_DESTROY": "graph", "GRAPH_DESTROY": "graph",
     "COPY_HTOD": "copy", "COPY_HTOD_ASYNC": "copy", "COPY_ANY": "copy", "COPY_ANY_ASYNC": "copy",
     "COPY_NODE_ADD": "copy", "COPY_NODE_SET": "copy", "COPY_NODE_EXEC_SET": "copy",
+    "COPY_DTOD": "copy", "COPY_DTOD_ASYNC": "copy",
+    "MEMSET_D8": "copy", "MEMSET_D8_ASYNC": "copy", "MEMSET_D16": "copy", "MEMSET_D16_ASYNC": "copy",
+    "MEMSET_D32": "copy", "MEMSET_D32_ASYNC": "copy",
 }
 # When a callback is enabled: always (module links are made even with MODULES_ONLY), with launch
 # capture (not MODULES_ONLY), only with the allocation log, or only with the copy log
@@ -186,7 +190,19 @@ CALLBACKS: tuple[Callback, ...] = (
     Callback("cuGraphAddMemcpyNode", "COPY_NODE_ADD", enable="COPY_LOG"),
     Callback("cuGraphMemcpyNodeSetParams", "COPY_NODE_SET", enable="COPY_LOG"),
     Callback("cuGraphExecMemcpyNodeSetParams", "COPY_NODE_EXEC_SET", enable="COPY_LOG"),
+    # device-to-device copies and memsets (copies.jsonl `op`): inside a forward they move or clear
+    # activations (a CUDA graph's copy of its output into a static buffer), which a program must see
+    *_cbs("COPY_DTOD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", enable="COPY_LOG"),
+    *_cbs("COPY_DTOD_ASYNC", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", enable="COPY_LOG"),
+    *_cbs("MEMSET_D8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", enable="COPY_LOG"),
+    *_cbs("MEMSET_D8_ASYNC", "cuMemsetD8Async", "cuMemsetD8Async_ptsz", enable="COPY_LOG"),
+    *_cbs("MEMSET_D16", "cuMemsetD16_v2", "cuMemsetD16_v2_ptds", enable="COPY_LOG"),
+    *_cbs("MEMSET_D16_ASYNC", "cuMemsetD16Async", "cuMemsetD16Async_ptsz", enable="COPY_LOG"),
+    *_cbs("MEMSET_D32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", enable="COPY_LOG"),
+    *_cbs("MEMSET_D32_ASYNC", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", enable="COPY_LOG"),
 )
+# copies.jsonl `op`: what a copy record is (records without it are host-to-device: older dumps)
+COPY_OPS = ("htod", "dtod", "memset")
 BY_NAME = {c.name: c for c in CALLBACKS}
 # Resource-domain callbacks (CUPTI_CBID_RESOURCE_<name>): always enabled.
 RESOURCE_CALLBACKS = ("MODULE_LOADED", "MODULE_UNLOAD_STARTING", "CONTEXT_CREATED")

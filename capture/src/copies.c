@@ -27,6 +27,15 @@ static void set_1d(mc_copy_t *c, uint64_t dst, uint64_t src, uint64_t size) {
   c->dst = dst; c->src = src; c->size = size;
 }
 
+/* A memset of n elements of elem bytes each: its range is n * elem bytes (a count so large that
+ * the product overflows is no memset the driver accepts: not recorded). */
+static int set_memset(mc_copy_t *c, CUdeviceptr dst, unsigned value, int elem, size_t n) {
+  if ((uint64_t)n > UINT64_MAX / (uint64_t)elem) return 0;
+  set_1d(c, (uint64_t)dst, 0, (uint64_t)n * (uint64_t)elem);
+  c->op = MC_OP_MEMSET; c->value = value; c->elem = elem;
+  return 1;
+}
+
 /* A memcpy node: only a 1-D host-to-device copy (one row of bytes) is a copy of this log. */
 static int node_copy(mc_copy_t *c, const CUDA_MEMCPY3D *m) {
   if (!m || m->Height > 1 || m->Depth > 1 || m->srcY || m->srcZ || m->dstY || m->dstZ) return 0;
@@ -82,6 +91,36 @@ int mc_copy_parse(const mc_cb_t *row, const void *params, mc_copy_t *c) {
     c->is_node = 1; c->exec = p->hGraphExec; c->node = p->hNode;
     return node_copy(c, p->copyParams);
   }
+  case MC_K_COPY_DTOD: {
+    const cuMemcpyDtoD_v2_params *p = params;
+    set_1d(c, (uint64_t)p->dstDevice, (uint64_t)p->srcDevice, p->ByteCount);
+    c->op = MC_OP_DTOD;
+    return 1;
+  }
+  case MC_K_COPY_DTOD_ASYNC: {
+    const cuMemcpyDtoDAsync_v2_params *p = params;
+    set_1d(c, (uint64_t)p->dstDevice, (uint64_t)p->srcDevice, p->ByteCount);
+    c->stream = mc_cb_stream(row, p->hStream); c->async = 1; c->op = MC_OP_DTOD;
+    return 1;
+  }
+  case MC_K_MEMSET_D8: { const cuMemsetD8_v2_params *p = params; return set_memset(c, p->dstDevice, p->uc, 1, p->N); }
+  case MC_K_MEMSET_D16: { const cuMemsetD16_v2_params *p = params; return set_memset(c, p->dstDevice, p->us, 2, p->N); }
+  case MC_K_MEMSET_D32: { const cuMemsetD32_v2_params *p = params; return set_memset(c, p->dstDevice, p->ui, 4, p->N); }
+  case MC_K_MEMSET_D8_ASYNC: {
+    const cuMemsetD8Async_params *p = params;
+    c->stream = mc_cb_stream(row, p->hStream); c->async = 1;
+    return set_memset(c, p->dstDevice, p->uc, 1, p->N);
+  }
+  case MC_K_MEMSET_D16_ASYNC: {
+    const cuMemsetD16Async_params *p = params;
+    c->stream = mc_cb_stream(row, p->hStream); c->async = 1;
+    return set_memset(c, p->dstDevice, p->us, 2, p->N);
+  }
+  case MC_K_MEMSET_D32_ASYNC: {
+    const cuMemsetD32Async_params *p = params;
+    c->stream = mc_cb_stream(row, p->hStream); c->async = 1;
+    return set_memset(c, p->dstDevice, p->ui, 4, p->N);
+  }
   default:
     return 0;
   }
@@ -125,7 +164,7 @@ static char *put_hex(char *restrict o, const unsigned char *restrict s, size_t n
   for (size_t i = 0; i < n; i++) memcpy(o + 2 * i, hex_pairs + 2 * s[i], 2);
   return o + 2 * n;
 }
-#define COPY_FIXED 480   /* every key and the largest value of each, the api name and bytes aside */
+#define COPY_FIXED 560   /* every key and the largest value of each, the api name and bytes aside */
 
 void mc_copy_json(jb_t *b, const char *api, const mc_copy_t *c, const mc_copy_stamp_t *st, const void *bytes) {
   size_t napi = strlen(api);   /* a C identifier (tables.h): nothing to escape */
@@ -141,6 +180,11 @@ void mc_copy_json(jb_t *b, const char *api, const mc_copy_t *c, const mc_copy_st
   o = PUT(o, ",\"dst\":"); o = put_ptr(o, c->dst);
   o = PUT(o, ",\"src\":"); o = put_ptr(o, c->src);
   o = PUT(o, ",\"size\":"); o = put_u64(o, c->size);
+  if (c->op == MC_OP_DTOD) o = PUT(o, ",\"op\":\"dtod\"");
+  else if (c->op == MC_OP_MEMSET) {
+    o = PUT(o, ",\"op\":\"memset\",\"value\":"); o = put_u64(o, c->value);
+    o = PUT(o, ",\"elem\":"); o = put_u64(o, (uint64_t)c->elem);
+  } else o = PUT(o, ",\"op\":\"htod\"");
   o = PUT(o, ",\"result\":"); o = put_i64(o, st->result);
   o = PUT(o, ",\"graph\":");
   if (c->is_node) {   /* as a kernel node's launch record: the graph, or the exec for the Exec* call */
@@ -185,13 +229,15 @@ void mc_on_copy(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d) {
   int result = (int)mc_cb_result(d);
   if (c.is_node && result != CUDA_SUCCESS) return;   /* as kernel nodes: a failed definition defines nothing */
   int src_mt = -1;
-  if (c.check) {   /* the generic calls: host -> device only, as the driver sees the two addresses */
+  if (c.check) {   /* the generic calls: host or device -> device, as the driver sees the two addresses */
     src_mt = mem_type(c.src);
-    if (src_mt < 0 || !is_host(src_mt) || !is_device(mem_type(c.dst))) return;
+    if (src_mt < 0 || !is_device(mem_type(c.dst))) return;
+    if (is_device(src_mt) && !c.is_node) c.op = MC_OP_DTOD;
+    else if (!is_host(src_mt)) return;
   }
   capture_of(&c);
   const void *bytes = NULL;
-  if (result == CUDA_SUCCESS && mc_knobs.copy_bytes && c.size <= mc_knobs.copy_bytes) {
+  if (c.op == MC_OP_HTOD && result == CUDA_SUCCESS && mc_knobs.copy_bytes && c.size <= mc_knobs.copy_bytes) {
     if (c.size == 0) {
       bytes = "";
     } else if (c.src) {

@@ -82,6 +82,18 @@ const mc_cb_t *mc_cb_of(CUpti_CallbackId cbid) {
 #define CHECK_COPY_ANY(t, s) SAME_AT(t, s, cuMemcpy, dst) SAME_AT(t, s, cuMemcpy, src) SAME_AT(t, s, cuMemcpy, ByteCount)
 #define CHECK_COPY_ANY_ASYNC(t, s) SAME_AT(t, s, cuMemcpyAsync, dst) SAME_AT(t, s, cuMemcpyAsync, src) \
   SAME_AT(t, s, cuMemcpyAsync, ByteCount) SAME_AT(t, s, cuMemcpyAsync, hStream)
+#define CHECK_COPY_DTOD(t, s) SAME_AT(t, s, cuMemcpyDtoD_v2, dstDevice) SAME_AT(t, s, cuMemcpyDtoD_v2, srcDevice) \
+  SAME_AT(t, s, cuMemcpyDtoD_v2, ByteCount)
+#define CHECK_COPY_DTOD_ASYNC(t, s) SAME_AT(t, s, cuMemcpyDtoDAsync_v2, dstDevice) \
+  SAME_AT(t, s, cuMemcpyDtoDAsync_v2, srcDevice) SAME_AT(t, s, cuMemcpyDtoDAsync_v2, ByteCount) \
+  SAME_AT(t, s, cuMemcpyDtoDAsync_v2, hStream)
+#define CHECK_MEMSET(t, s, rep, v) SAME_AT(t, s, rep, dstDevice) SAME_AT(t, s, rep, v) SAME_AT(t, s, rep, N)
+#define CHECK_MEMSET_D8(t, s) CHECK_MEMSET(t, s, cuMemsetD8_v2, uc)
+#define CHECK_MEMSET_D16(t, s) CHECK_MEMSET(t, s, cuMemsetD16_v2, us)
+#define CHECK_MEMSET_D32(t, s) CHECK_MEMSET(t, s, cuMemsetD32_v2, ui)
+#define CHECK_MEMSET_D8_ASYNC(t, s) CHECK_MEMSET(t, s, cuMemsetD8Async, uc) SAME_AT(t, s, cuMemsetD8Async, hStream)
+#define CHECK_MEMSET_D16_ASYNC(t, s) CHECK_MEMSET(t, s, cuMemsetD16Async, us) SAME_AT(t, s, cuMemsetD16Async, hStream)
+#define CHECK_MEMSET_D32_ASYNC(t, s) CHECK_MEMSET(t, s, cuMemsetD32Async, ui) SAME_AT(t, s, cuMemsetD32Async, hStream)
 #define CHECK_COPY_NODE_ADD CHECK_NONE /* one call each: copies.c reads its own struct */
 #define CHECK_COPY_NODE_SET CHECK_NONE
 #define CHECK_COPY_NODE_EXEC_SET CHECK_NONE

@@ -8,6 +8,7 @@
 #include "mc.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #define NCAP 256
 typedef struct { CUstream stream; uint64_t id; int64_t first, last; int active; } capture_t;
@@ -25,7 +26,10 @@ void mc_capture_note_launch(uint64_t id, int64_t seq) {
 }
 
 /* One graphs.jsonl event: `has` says which fields it carries (G_*), in this order. */
-enum { G_STREAM = 1, G_GRAPH = 2, G_EXEC = 4, G_NODE = 8, G_CAPID = 16, G_SEQS = 32, G_NODES = 64, G_SEQ = 128 };
+enum { G_STREAM = 1, G_GRAPH = 2, G_EXEC = 4, G_NODE = 8, G_CAPID = 16, G_SEQS = 32, G_NODES = 64, G_SEQ = 128,
+       G_TYPES = 256 };
+enum { T_KERNEL, T_MEMCPY, T_MEMSET, T_OTHER, T_COUNT };
+static const char *const type_key[T_COUNT] = {"kernel", "memcpy", "memset", "other"};
 typedef struct {
   const char *event, *api;   /* api: NULL for none */
   unsigned has;
@@ -33,6 +37,7 @@ typedef struct {
   uint64_t capid;
   int64_t first, last;       /* G_SEQS: -1 is null */
   size_t nodes;
+  size_t types[T_COUNT];     /* G_TYPES: the captured graph's nodes by type */
   int64_t seq;
 } gline_t;
 
@@ -53,6 +58,14 @@ static void graph_line(const gline_t *g) {
     jb_lit(b, ",\"seq_last\":"); if (g->last >= 0) jb_i64(b, g->last); else jb_lit(b, "null");
   }
   if (g->has & G_NODES) { jb_lit(b, ",\"nodes\":"); jb_u64(b, g->nodes); }
+  if (g->has & G_TYPES) {
+    jb_lit(b, ",\"node_types\":{");
+    for (int i = 0; i < T_COUNT; i++) {
+      if (i) jb_lit(b, ",");
+      jb_str(b, type_key[i]); jb_lit(b, ":"); jb_u64(b, g->types[i]);
+    }
+    jb_lit(b, "}");
+  }
   if (g->has & G_SEQ) { jb_lit(b, ",\"seq\":"); jb_i64(b, g->seq); }
   mc_write_record(MC_F_GRAPHS, b, 0);
 }
@@ -92,6 +105,29 @@ int mc_stream_capture_ask(CUstream s, CUgraph *graph, uint64_t *capture_id) {
   return 1;
 }
 
+/* The captured graph's nodes by type (G_TYPES). Why: a stream capture records a kernel node for
+ * every launch the library sees, but a graph also holds copies and memsets made on the captured
+ * stream; `mine compile` checks that every node of a graph it replays is one it knows (a kernel
+ * launch or a copies.jsonl record), so a node nobody recorded is named, not silently missing. */
+static void node_types(CUgraph g, gline_t *e) {
+  size_t n = e->nodes;
+  if (!n || !mc_drv.cuGraphNodeGetType || n > SIZE_MAX / sizeof(CUgraphNode)) return;
+  CUgraphNode *v = mc_malloc(n * sizeof *v);
+  if (!v) return;
+  size_t got = n;
+  if (MC_CU(cuGraphGetNodes, g, v, &got) == CUDA_SUCCESS && got == n) {
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+      CUgraphNodeType t;
+      if (MC_CU(cuGraphNodeGetType, v[i], &t) != CUDA_SUCCESS) { ok = 0; break; }
+      e->types[t == CU_GRAPH_NODE_TYPE_KERNEL ? T_KERNEL : t == CU_GRAPH_NODE_TYPE_MEMCPY ? T_MEMCPY
+               : t == CU_GRAPH_NODE_TYPE_MEMSET ? T_MEMSET : T_OTHER]++;
+    }
+    if (ok) e->has |= G_TYPES;
+  }
+  free(v);
+}
+
 static void capture_end(const mc_cb_t *row, const CUpti_CallbackData *d) {
   const cuStreamEndCapture_params *p = d->functionParams;
   CUstream s = mc_cb_stream(row, p->hStream);
@@ -106,7 +142,10 @@ static void capture_end(const mc_cb_t *row, const CUpti_CallbackData *d) {
   atomic_fetch_sub(&mc_capturing, 1);
   gline_t e = {.event = "capture_end", .has = G_STREAM | G_GRAPH | G_CAPID | G_SEQS, .stream = s, .graph = g,
                .capid = c.id, .first = c.first, .last = c.last};
-  if (g && MC_CU(cuGraphGetNodes, g, NULL, &e.nodes) == CUDA_SUCCESS) e.has |= G_NODES;
+  if (g && MC_CU(cuGraphGetNodes, g, NULL, &e.nodes) == CUDA_SUCCESS) {
+    e.has |= G_NODES;
+    node_types(g, &e);
+  }
   graph_line(&e);
 }
 

@@ -37,7 +37,7 @@
   X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuCtxGetDevice_v2)         \
   X(cuCtxGetCurrent) X(cuFuncGetName) X(cuFuncGetParamInfo) X(cuFuncGetAttribute)           \
   X(cuFuncGetModule) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetParamInfo)      \
-  X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes)                  \
+  X(cuPointerGetAttributes) X(cuStreamGetCaptureInfo) X(cuGraphGetNodes) X(cuGraphNodeGetType) \
   X(cuCtxSynchronize_v2) X(cuMemcpyDtoH_v2)
 
 #define MC_CUPTI_FUNCS(X) X(cuptiSubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback) \
@@ -374,10 +374,12 @@ static inline CUstream mc_cb_stream(const mc_cb_t *row, CUstream s) {
 void mc_on_launch(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
 void mc_on_kernel_node(mc_tl_t *t, const mc_cb_t *row, const CUpti_CallbackData *d);
 
-/* copies.c: a host-to-device copy's record (copies.jsonl); parsing and formatting are pure (tested
+/* copies.c: a copy's or memset's record (copies.jsonl); parsing and formatting are pure (tested
  * on CPU). */
+enum { MC_OP_HTOD, MC_OP_DTOD, MC_OP_MEMSET };   /* copies.jsonl "op" (vocab COPY_OPS) */
 typedef struct {
   uint64_t dst, src, size;
+  int op; unsigned value; int elem;   /* op; a memset's value and element size (1, 2, 4) */
   CUstream stream; int async;
   int check;                /* the driver is asked whether src is host and dst device memory */
   int is_node; CUgraph graph; CUgraphExec exec; CUgraphNode node; /* a memcpy node's definition */

@@ -95,6 +95,22 @@
   X(cuGraphAddMemcpyNode, COPY_NODE_ADD, COPY_LOG, -1, 0, 0, 0, 0) \
   X(cuGraphMemcpyNodeSetParams, COPY_NODE_SET, COPY_LOG, -1, 0, 0, 0, 0) \
   X(cuGraphExecMemcpyNodeSetParams, COPY_NODE_EXEC_SET, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyDtoD_v2, COPY_DTOD, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyDtoD_v2_ptds, COPY_DTOD, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemcpyDtoDAsync_v2, COPY_DTOD_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemcpyDtoDAsync_v2_ptsz, COPY_DTOD_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD8_v2, MEMSET_D8, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD8_v2_ptds, MEMSET_D8, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD8Async, MEMSET_D8_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD8Async_ptsz, MEMSET_D8_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD16_v2, MEMSET_D16, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD16_v2_ptds, MEMSET_D16, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD16Async, MEMSET_D16_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD16Async_ptsz, MEMSET_D16_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD32_v2, MEMSET_D32, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD32_v2_ptds, MEMSET_D32, COPY_LOG, -1, 0, 1, 0, 0) \
+  X(cuMemsetD32Async, MEMSET_D32_ASYNC, COPY_LOG, -1, 0, 0, 0, 0) \
+  X(cuMemsetD32Async_ptsz, MEMSET_D32_ASYNC, COPY_LOG, -1, 0, 1, 0, 0) \
   /* end */
 
 /* X(name, params struct, event, base read, field, size read, field, handle read, field, device) */
@@ -170,6 +186,14 @@
   X(COPY_NODE_ADD, COPY) \
   X(COPY_NODE_SET, COPY) \
   X(COPY_NODE_EXEC_SET, COPY) \
+  X(COPY_DTOD, COPY) \
+  X(COPY_DTOD_ASYNC, COPY) \
+  X(MEMSET_D8, COPY) \
+  X(MEMSET_D8_ASYNC, COPY) \
+  X(MEMSET_D16, COPY) \
+  X(MEMSET_D16_ASYNC, COPY) \
+  X(MEMSET_D32, COPY) \
+  X(MEMSET_D32_ASYNC, COPY) \
   /* end */
 
 /* X(family) */
@@ -238,7 +262,7 @@
   /* end */
 
 #define MC_API_COUNT 16
-#define MC_CB_COUNT 89
+#define MC_CB_COUNT 105
 #define MC_LAUNCH_ATTR_COUNT 11
 
 #endif

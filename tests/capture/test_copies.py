@@ -3,9 +3,10 @@
 tests/helpers/harness_dispatch.c (mode `copies`) makes, per round, a launch, a synchronous and an
 overlapping asynchronous host-to-device copy, a launch, a copy larger than the byte knob, a
 generic cuMemcpy from host memory (the fake driver's device range is the destination), a failed
-copy, a device-to-host and a host-to-host copy through the generic calls (not host-to-device: not
-recorded), a copy of exactly the default byte limit (its record grows the thread's buffer), a
-launch; in round 1 an async copy on a stream being captured into a graph. It prints
+copy, a device-to-host and a host-to-host copy through the generic calls (not recorded), device-
+to-device copies (typed and generic) and memsets (recorded with their `op`, never their bytes), a
+copy of exactly the default byte limit (its record grows the thread's buffer), a launch; in round 1
+an async host and device copy on a stream being captured into a graph. It prints
 each copy with the bytes it copied and the number of launches made before it. Here every record
 is checked against that: destination, size, stream, api, result, the launch seq it precedes (and
 that the launch file agrees), the bytes exactly when the knobs say they are kept; in both record
@@ -52,7 +53,7 @@ def _launch_times(pid_dir: Path, form: str) -> dict[int, int]:
 
 
 def _kept(copy: dict, nbytes: int) -> bool:
-    return copy["result"] == 0 and nbytes > 0 and copy["size"] <= nbytes
+    return copy["op"] == "htod" and copy["result"] == 0 and nbytes > 0 and copy["size"] <= nbytes
 
 
 @pytest.mark.parametrize("form,knobs,nbytes", [
@@ -67,8 +68,10 @@ def test_every_copy_is_recorded_with_its_place_among_the_launches(harness, tmp_p
     assert len(made) == done["copies_made"] == len(got) > 0
     assert [r["seq"] for r in got] == list(range(len(got)))       # gap-free, in call order (one thread)
     for want, rec in zip(made, got):
-        for k in ("api", "dst", "size", "seq_before", "result", "async", "stream"):
+        for k in ("api", "dst", "size", "seq_before", "result", "async", "stream", "op"):
             assert rec[k] == want[k], (k, want, rec)
+        if want["op"] == "memset":
+            assert rec["value"] == 0x5a and rec["elem"] in (1, 4) and rec["src"] == "0x0", rec
         assert rec["graph"] == ({"graph": "0x9e77", "capture_id": 777} if want["capture_id"] else None)
         if _kept(want, nbytes):
             assert rec["hex"] == want["bytes"], want
@@ -90,7 +93,7 @@ def _model(made: list[dict], seq: int, base: int, size: int, nbytes: int) -> tup
     """What [base, base + size) held before launch `seq`, replaying the printed copies in order."""
     data, known = bytearray(size), [False] * size
     for c in made:
-        if c["result"] or c["capture_id"] or c["seq_before"] > seq:
+        if c["result"] or c["capture_id"] or c["seq_before"] > seq or c["op"] != "htod":
             continue
         dst = int(c["dst"], 16)
         raw = bytes.fromhex(c["bytes"])
@@ -109,7 +112,13 @@ def test_the_loader_and_bytes_before_give_what_the_host_copied(harness, tmp_path
     assert r.stderr == ""
     made = [x["copy"] for x in lines if "copy" in x]
     d = load_dump(pid_dir, cache=False)
-    assert len(d.copies) == len(made) and not [w for w in d.warnings if "copies" in w]
+    host = [c for c in made if c["op"] == "htod"]
+    assert len(d.copies) == len(host) and not [w for w in d.warnings if "copies" in w]
+    assert set(d.copies["op"]) == {"htod"} and not d.copies["api"].astype(str).str.contains("DtoD|Memset").any()
+    dev = [c for c in made if c["op"] != "htod"]
+    assert [(r.op, hex(r.dst), r.size, bool(r.in_graph)) for r in d.device_ops.itertuples()] == [
+        (c["op"], c["dst"], c["size"], bool(c["capture_id"])) for c in dev] and len(dev) > 0
+    assert not d.device_ops["has_bytes"].any()
     assert [r.file for r in d.damage if r.file == "copies.jsonl" and not r.damaged] == ["copies.jsonl"]
     base = int(made[0]["dst"], 16)
     ranges = [(base, 48), (base + 8, 16), (base + 0x10000, 8192), (base + 0x30000, 8), (base + 0x50000, 16),
@@ -153,7 +162,7 @@ def test_an_allocation_failure_on_the_copy_path_turns_capture_off_and_the_host_c
         assert meta["counters"]["copies"] == len(got) < clean["copies_made"], n
         try:
             d = load_dump(pid_dir, cache=False)
-            assert len(d.copies) == len(got)
+            assert len(d.copies) + len(d.device_ops) == len(got)
         except DumpError as exc:
             assert "\n" not in str(exc)
     assert "copy" in phases, phases   # the copy path's own allocations failed too, not only the launches'
@@ -163,7 +172,7 @@ def _as_probe_output(lines: list[dict], path: Path, break_one: bool = False) -> 
     """The harness's copies in the GPU probe's output format (tests/gpu_results/copies_probe.cu)."""
     out = []
     for x in lines:
-        if "copy" in x and x["copy"]["result"] == 0:
+        if "copy" in x and x["copy"]["result"] == 0 and x["copy"]["op"] == "htod":
             c = x["copy"]
             out.append({"copy": {"how": c["api"], "dst": c["dst"], "size": c["size"], "hex": c["bytes"],
                                  "launches_before": c["seq_before"], "graph": int(bool(c["capture_id"]))}})

@@ -65,9 +65,10 @@ def main(argv: list[str]) -> int:
     print(f"{len(recs)} records, {len(used)} matched to the program's copies, {len(others)} others "
           f"(the runtime's or the framework's own): {sorted({r['api'] for r in others})}")
     counters = d.meta.get("counters", {})
-    if counters.get("copies") != len(recs) or counters.get("copies_dropped"):
+    ndev = 0 if d.device_ops is None else len(d.device_ops)   # device-to-device copies and memsets
+    if counters.get("copies") != len(recs) + ndev or counters.get("copies_dropped"):
         problems.append(f"meta.json counters copies {counters.get('copies')}, dropped "
-                        f"{counters.get('copies_dropped')}; the file holds {len(recs)}")
+                        f"{counters.get('copies_dropped')}; the file holds {len(recs) + ndev}")
     for m in made:   # what a replay would fill: the bytes of every kept copy, before the next launch
         if m["graph"] or not 0 < m["size"] <= nbytes or m.get("launches_before") is None:
             continue

@@ -186,9 +186,16 @@ static CUresult f_StreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cu
   if (g) *g = on ? cap_graph : NULL;
   return CUDA_SUCCESS;
 }
+/* every captured graph holds 3 nodes: two kernels and a memcpy */
 static CUresult f_GraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
-  (void)g; (void)nodes;
+  (void)g;
+  if (nodes)
+    for (size_t i = 0; i < *n && i < 3; i++) nodes[i] = (CUgraphNode)(uintptr_t)(0x7100 + i);
   *n = 3;
+  return CUDA_SUCCESS;
+}
+static CUresult f_GraphNodeGetType(CUgraphNode node, CUgraphNodeType *t) {
+  *t = (uintptr_t)node == 0x7102 ? CU_GRAPH_NODE_TYPE_MEMCPY : CU_GRAPH_NODE_TYPE_KERNEL;
   return CUDA_SUCCESS;
 }
 /* one device, asked for meta.json once a context exists */
@@ -238,6 +245,7 @@ static void fake_driver(void) {
   mc_drv.cuPointerGetAttributes = f_PointerGetAttributes;
   mc_drv.cuStreamGetCaptureInfo = f_StreamGetCaptureInfo;
   mc_drv.cuGraphGetNodes = f_GraphGetNodes;
+  mc_drv.cuGraphNodeGetType = f_GraphNodeGetType;
   mc_drv.cuCtxGetCurrent = f_CtxGetCurrent;
   mc_drv.cuDeviceGetCount = f_DeviceGetCount;
   mc_drv.cuDeviceGet = f_DeviceGet;
@@ -676,7 +684,10 @@ static void memcpy3d_1d(CUDA_MEMCPY3D *m, CUdeviceptr dst, size_t n) {
   m->dstMemoryType = CU_MEMORYTYPE_DEVICE; m->dstDevice = dst;
   m->WidthInBytes = n; m->Height = 1; m->Depth = 1;
 }
-/* One call of a copy row: n bytes of copy_src to dst (s: the stream of the async calls). */
+#define DTOD_SRC (DEV_LO + 0x80000)   /* the device-to-device copies' source */
+#define MEMSET_VALUE 0x5a
+/* One call of a copy row: n bytes of copy_src to dst (s: the stream of the async calls); a
+ * device-to-device copy of n bytes from DTOD_SRC, a memset of n bytes of MEMSET_VALUE elements. */
 static void copy_call(const mc_cb_t *row, CUdeviceptr dst, size_t n, uintptr_t s, CUgraph g, CUgraphExec x,
                       CUgraphNode node, CUresult rc) {
   CUDA_MEMCPY3D m;
@@ -694,10 +705,41 @@ static void copy_call(const mc_cb_t *row, CUdeviceptr dst, size_t n, uintptr_t s
   case MC_K_COPY_NODE_SET: { cuGraphMemcpyNodeSetParams_params p = {node, &m}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
   case MC_K_COPY_NODE_EXEC_SET: { cuGraphExecMemcpyNodeSetParams_params p = {x, node, &m, CTX};
     cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_DTOD: { cuMemcpyDtoD_v2_params p = {dst, DTOD_SRC, n}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_COPY_DTOD_ASYNC: { cuMemcpyDtoDAsync_v2_params p = {dst, DTOD_SRC, n, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D8: { cuMemsetD8_v2_params p = {dst, MEMSET_VALUE, n}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D16: { cuMemsetD16_v2_params p = {dst, MEMSET_VALUE, n / 2}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D32: { cuMemsetD32_v2_params p = {dst, MEMSET_VALUE, n / 4}; cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D8_ASYNC: { cuMemsetD8Async_params p = {dst, MEMSET_VALUE, n, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D16_ASYNC: { cuMemsetD16Async_params p = {dst, MEMSET_VALUE, n / 2, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
+  case MC_K_MEMSET_D32_ASYNC: { cuMemsetD32Async_params p = {dst, MEMSET_VALUE, n / 4, row_stream(row, s)};
+    cupti_call(row->cbid, row->name, NULL, &p, rc); break; }
   default: printf("{\"error\":\"no driver for %s\"}\n", row->name);
   }
 }
-static int copy_async(const mc_cb_t *row) { return row->kind == MC_K_COPY_HTOD_ASYNC || row->kind == MC_K_COPY_ANY_ASYNC; }
+static int copy_async(const mc_cb_t *row) {
+  switch (row->kind) {
+  case MC_K_COPY_HTOD_ASYNC: case MC_K_COPY_ANY_ASYNC: case MC_K_COPY_DTOD_ASYNC: case MC_K_MEMSET_D8_ASYNC:
+  case MC_K_MEMSET_D16_ASYNC: case MC_K_MEMSET_D32_ASYNC: return 1;
+  default: return 0;
+  }
+}
+/* what the record's op is: "dtod" / "memset" for those rows, "htod" for the rest */
+static const char *copy_op(const mc_cb_t *row) {
+  if (row->kind == MC_K_COPY_DTOD || row->kind == MC_K_COPY_DTOD_ASYNC) return "dtod";
+  if (row->kind >= MC_K_MEMSET_D8 && row->kind <= MC_K_MEMSET_D32_ASYNC) return "memset";
+  return "htod";
+}
+static int memset_elem(const mc_cb_t *row) {
+  switch (row->kind) {
+  case MC_K_MEMSET_D16: case MC_K_MEMSET_D16_ASYNC: return 2;
+  case MC_K_MEMSET_D32: case MC_K_MEMSET_D32_ASYNC: return 4;
+  default: return 1;
+  }
+}
 static int copy_node(const mc_cb_t *row) { return row->kind >= MC_K_COPY_NODE_ADD && row->kind <= MC_K_COPY_NODE_EXEC_SET; }
 
 static void drive_copy(const mc_cb_t *row) {
@@ -710,10 +752,13 @@ static void drive_copy(const mc_cb_t *row) {
   fill_src(24, n);
   copy_call(row, dst, 24, s, g, x, node, CUDA_SUCCESS);
   expect_begin(row);
-  printf("\"copies\":[{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":24,\"async\":%d,\"result\":0,\"hex\":\"", row->name,
-         (unsigned long)dst, copy_async(row));
-  hexs(copy_src, 24);
-  printf("\",\"stream\":\"0x%lx\"", copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0));
+  const char *op = copy_op(row);
+  printf("\"copies\":[{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":24,\"async\":%d,\"result\":0,\"op\":\"%s\"", row->name,
+         (unsigned long)dst, copy_async(row), op);
+  if (strcmp(op, "htod") == 0) { printf(",\"hex\":\""); hexs(copy_src, 24); printf("\""); }
+  else if (strcmp(op, "dtod") == 0) printf(",\"src\":\"0x%lx\"", (unsigned long)DTOD_SRC);
+  else printf(",\"src\":\"0x0\",\"value\":%d,\"elem\":%d", MEMSET_VALUE, memset_elem(row));
+  printf(",\"stream\":\"0x%lx\"", copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0));
   if (copy_node(row)) {
     uintptr_t gh = row->kind == MC_K_COPY_NODE_ADD ? (uintptr_t)g : row->kind == MC_K_COPY_NODE_EXEC_SET ? (uintptr_t)x : 0;
     printf(",\"node\":\"0x%lx\",\"graph\":{\"graph\":\"0x%lx\",\"capture_id\":0}", (unsigned long)(uintptr_t)node,
@@ -742,9 +787,9 @@ static void one_copy(const char *name, CUdeviceptr dst, size_t n, int salt, uint
   phase = "launch";
   copies_made++;
   printf("{\"copy\":{\"api\":\"%s\",\"dst\":\"0x%lx\",\"size\":%zu,\"seq_before\":%ld,\"result\":%d,\"async\":%d,"
-         "\"stream\":\"0x%lx\",\"capture_id\":%lu,\"bytes\":\"", name, (unsigned long)dst, n, launches_made, (int)rc,
-         copy_async(row), copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0),
-         (unsigned long)capid);
+         "\"stream\":\"0x%lx\",\"capture_id\":%lu,\"op\":\"%s\",\"bytes\":\"", name, (unsigned long)dst, n, launches_made,
+         (int)rc, copy_async(row), copy_async(row) ? (unsigned long)seen_stream(row, s) : (unsigned long)(row->ptsz ? 2 : 0),
+         (unsigned long)capid, copy_op(row));
   hexs(copy_src, n);
   printf("\"}}\n");
 }
@@ -768,12 +813,24 @@ static int run_copies(long rounds) {
     cuMemcpy_params h2h = {(CUdeviceptr)(uintptr_t)host_dst, (CUdeviceptr)(uintptr_t)copy_src, 16};
     cupti_api(row_named("cuMemcpy")->cbid, "cuMemcpy", &h2h);
     printf("{\"not_copied\":[\"0x%lx\"]}\n", (unsigned long)(uintptr_t)host_dst);
+    /* device -> device (typed and generic) and a memset: recorded with their op, never their bytes */
+    one_copy("cuMemcpyDtoDAsync_v2", DEV_LO + 0x70000, 64, 0, 0x5d00, CUDA_SUCCESS, 0);
+    one_copy("cuMemsetD32Async", DEV_LO + 0x70000, 64, 0, 0x5d00, CUDA_SUCCESS, 0);
+    one_copy("cuMemsetD8_v2_ptds", DEV_LO + 0x70040, 8, 0, 0, CUDA_SUCCESS, 0);
+    cuMemcpyAsync_params d2d = {DEV_LO + 0x70100, DTOD_SRC, 16, (CUstream)0x5d00};
+    cupti_api(row_named("cuMemcpyAsync")->cbid, "cuMemcpyAsync", &d2d);
+    copies_made++;
+    printf("{\"copy\":{\"api\":\"cuMemcpyAsync\",\"dst\":\"0x%lx\",\"size\":16,\"seq_before\":%ld,\"result\":0,"
+           "\"async\":1,\"stream\":\"0x%lx\",\"capture_id\":0,\"op\":\"dtod\",\"bytes\":\"\"}}\n",
+           (unsigned long)(DEV_LO + 0x70100), launches_made,
+           (unsigned long)seen_stream(row_named("cuMemcpyAsync"), 0x5d00));
     launch_ex((int)r); launches_made++;
     if (r == 1) {   /* an async copy on a stream being captured: it belongs to the graph */
       cap_stream = (CUstream)0x5e00; cap_id = 777; cap_graph = (CUgraph)0x9e77;
       cuStreamBeginCapture_params b = {.hStream = cap_stream};
       cupti_api(row_named("cuStreamBeginCapture")->cbid, "cuStreamBeginCapture", &b);
       one_copy("cuMemcpyHtoDAsync_v2", DEV_LO + 0x50000, 16, 55, 0x5e00, CUDA_SUCCESS, 777);
+      one_copy("cuMemcpyDtoDAsync_v2", DEV_LO + 0x50100, 32, 0, 0x5e00, CUDA_SUCCESS, 777);
       CUgraph out = cap_graph;
       cuStreamEndCapture_params e = {cap_stream, &out};
       cupti_api(row_named("cuStreamEndCapture")->cbid, "cuStreamEndCapture", &e);
