@@ -13,8 +13,9 @@ of zeros on kern: zero logits). kern has no copy or memset call, so a copy is co
   long as nothing wrote the source since the copy (measured flow, `doc.flow`); a launch that
   writes the destination ends the alias. Refused, in one sentence, when the source was
   overwritten before a read through the alias;
-- **memsets**: dropped when the first later access to the range is a measured full write (`out`)
-  or there is none; refused when a launch reads the cleared bytes (kern would read what the
+- **memsets**: dropped when the first later access to the range is a measured full write (`out`),
+  a cuBLASLt launch (its own workspace counters: kern's extern GEMM keeps its own), or there is
+  none; refused when a launch reads the cleared bytes (kern would read what the
   buffer held, not the value).
 
 `graph_gaps` checks the other way round: every node of a replayed graph must be a recorded
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from compiler import externs
 from compiler.errors import CompileError
 from compiler.launches import Launch, Param, Word
 from vocab.analysis import site_name
@@ -124,7 +126,7 @@ def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], 
     notes: list[str] = []
     occ: dict[str, int] = {}
     out = dict(own)
-    n_alias = n_memset = 0
+    n_alias = n_memset = n_lib = 0
     for k, s in enumerate(order + [None]):
         for op in at.get(k, []):
             if op.op == "dtod":
@@ -142,12 +144,15 @@ def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], 
         site = site_name(x.symbol, occ.get(x.symbol, 0))
         occ[x.symbol] = occ.get(x.symbol, 0) + 1
         words, changed = [], False
+        lib = externs.is_library(x.symbol)
         for w in x.words:
             d = flow.get((site, w.i, w.at))
             writes = d in ("out", "inout")
             for c in list(cleared):
                 if c[0] <= w.value < c[1]:
-                    if d == "out":
+                    if d == "out" or lib:   # cuBLASLt clears its own workspace counters: kern's extern call does its own
+                        if lib:
+                            n_lib += 1
                         cleared.remove(c)
                         n_memset += 1
                         continue
@@ -185,8 +190,9 @@ def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], 
         notes.append(f"{copies} device-to-device copies: {n_alias} later pointer word(s) read the copies' "
                      f"sources instead (kern has no copy call)")
     if len(ops) > copies:
-        notes.append(f"{len(ops) - copies} memset(s): {n_memset} overwritten before any read, the rest never "
-                     f"read again in the forward; left out")
+        notes.append(f"{len(ops) - copies} memset(s): {n_memset} overwritten before any read ({n_lib} of them "
+                     f"cuBLASLt's own workspace, which kern's extern GEMM clears itself), the rest never read again "
+                     f"in the forward; left out")
     return out, notes
 
 

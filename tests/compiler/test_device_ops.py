@@ -118,6 +118,10 @@ def test_memsets_are_dropped_when_overwritten_and_refused_when_read():
     assert got[2] is own[2] and "1 memset(s): 1 overwritten" in notes[-1]
     with pytest.raises(CompileError, match="reads bytes a memset cleared"):
         D.apply(F, order, own, at, _flow(order, own, {1: ["out"], 2: ["inout"]}))
+    # cuBLASLt's own workspace counter, cleared before its GEMM: kern's extern GEMM keeps its own
+    own[2] = _launch(2, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", B)
+    got, notes = D.apply(F, order, own, at, _flow(order, own, {1: ["out"], 2: ["in"]}))
+    assert "1 of them cuBLASLt's own workspace" in notes[-1]
 
 
 def test_no_ops_leaves_the_launches_as_they_are():
