@@ -1,0 +1,80 @@
+"""q3zd: q3z's engine and checkpoint again (vLLM 0.26 default mode, 4 layers, hidden 512; prompts of
+163 and 5 tokens), captured on an H100 on 2026-12-06 with device-to-device copies and memsets
+logged (copies.jsonl `op`) and each captured graph's nodes by type (tests/gpu_results/session16).
+
+What q3z could not show: vLLM's decode graph ends with a copy of the last hidden states into a
+static output buffer, which the eager logits gather after the replay reads. Unrecorded (q3z), the
+gather read an input nobody fills (zeros on kern: token 0 at every step). Recorded, every node of
+every replayed graph is accounted for, and the compile aliases the copy away: the gather reads
+the graph's own workspace, written by the final norm."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from manifests.kern_oracle import quiet_stderr, verdict
+from manifests.verify import verify
+
+sys.path.insert(0, str(Path(__file__).parent))
+from replayed import FIX, compile_replayed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def q3zd(tmp_path_factory):
+    return compile_replayed("q3zd", tmp_path_factory.mktemp("q3zd"))
+
+
+def _writes(m: dict, call: dict) -> set[str]:
+    params = m["ops"][call["op"]]["params"]
+    return {a["buf"] for a, p in zip(call["args"], params) if isinstance(a, dict) and "buf" in a
+            and str(p.get("type", p) if isinstance(p, dict) else p).split()[0] in ("out", "inout")}
+
+
+def _reads(m: dict, call: dict) -> list[str]:
+    params = m["ops"][call["op"]]["params"]
+    return [a["buf"] for a, p in zip(call["args"], params) if isinstance(a, dict) and "buf" in a
+            and str(p.get("type", p) if isinstance(p, dict) else p).split()[0] in ("in", "inout")]
+
+
+def test_both_verifiers_accept(q3zd):
+    res, out = q3zd
+    assert verify(res.manifest) == []
+    with quiet_stderr():
+        v = verdict(out / "manifest.json")
+    assert v.accepted, v.violations[:3]
+
+
+def test_every_node_of_every_replayed_graph_is_recorded_and_the_copies_are_placed(q3zd):
+    res, _ = q3zd
+    assert not [n for n in res.notes if "does not record" in n], res.notes
+    assert any("device-to-device copies" in n and "read the copies' sources" in n and not n.startswith(
+        "decode forwards: 1 device-to-device copies: 0") for n in res.notes if n.startswith("decode"))
+
+
+def test_the_logits_gather_reads_what_the_graph_wrote_not_an_unfilled_input(q3zd):
+    res, _ = q3zd
+    m = res.manifest
+    calls = m["programs"]["decode"]["calls"]
+    gemm = calls[-1]                       # the logits (the program ends at the vocabulary GEMM)
+    assert gemm["label"].endswith(".gemm")
+    gather = calls[-2]
+    bufs = m["buffers"]
+    hidden = [b for b in _reads(m, gather) if bufs[b]["kind"] == "workspace"]
+    assert hidden, _reads(m, gather)
+    earlier = set().union(*(_writes(m, c) for c in calls[:-2]))
+    assert set(hidden) <= earlier
+    # no bf16 input as large as a hidden-state buffer is left for kern to fill with zeros
+    big = [n for n, b in bufs.items() if b["kind"] == "input" and not b.get("fill") and b["dtype"] == "bf16"
+           and b["shape"][0] * 2 >= 512 * 1024]
+    assert big == []
+
+
+def test_the_fixture_holds_device_copies_inside_graphs():
+    from mining.load import load_dump
+    d = load_dump(FIX / "q3zd.tar.xz", cache=False)
+    ops = d.device_ops
+    assert set(d.copies["op"]) == {"htod"}
+    assert (ops["op"] == "dtod").any() and (ops["op"] == "memset").any()
+    assert (ops["in_graph"] & (ops["op"] == "dtod")).sum() >= 1 and not ops["has_bytes"].any()
