@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from compiler import externs
 from compiler.errors import CompileError
@@ -218,7 +219,7 @@ def graph_gaps(dump, graphs, captures: set[int]) -> list[str]:
         if c not in captures:
             continue
         have = {"kernel": kern.get(c, 0), "memcpy": rec.get((c, "memcpy"), 0), "memset": rec.get((c, "memset"), 0)}
-        if r.kernel_nodes is not None and not _na(r.kernel_nodes):
+        if pd.notna(r.kernel_nodes):
             want = {"kernel": int(r.kernel_nodes), "memcpy": int(r.memcpy_nodes), "memset": int(r.memset_nodes)}
             miss = {t: want[t] - have[t] for t in want if want[t] > have[t]}
             other = int(r.other_nodes)
@@ -233,9 +234,3 @@ def graph_gaps(dump, graphs, captures: set[int]) -> list[str]:
                        f"device-to-device copies and memsets were logged?)")
     return out
 
-
-def _na(v) -> bool:
-    try:
-        return bool(np.isnan(v))
-    except TypeError:
-        return v is None or str(v) == "<NA>"
