@@ -308,17 +308,29 @@ def _tie(fwds: list[ForwardInputs], steps) -> None:
             fi.step_because = "a start-up pass: it serves no step of the requests"
             continue
         for s in steps:
-            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
-                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
-            if n:
-                cands.append((k, s, n, int(s.tokens == fi.tokens)))
-    # best[i]: the heaviest chain ending at candidate i (weight, previous); weights add as (arrays, agreements)
-    best: list[tuple[tuple[int, int], int | None]] = []
-    for i, (k, s, n, agree) in enumerate(cands):
+            n, few, by = 0, set(), set()
+            for j, a in enumerate(fi.arrays):
+                if not a.data:
+                    continue
+                ms = fills.match(a.data, s, prefix=a.source in ("host", "replay"))
+                if any(m.sure == "exact" for m in ms):
+                    n += 1
+                weak = {m.fill for m in ms if m.sure == "weak" and m.fill in _VALUED}
+                few |= weak
+                by |= {j} if weak else set()
+            # a one-sequence decode's position and length are one value each, never "exact" alone;
+            # two different ones agreeing with one step, in different arrays, are the step's
+            joint = len(few) if len(few) >= 2 and len(by) >= 2 else 0
+            if n or joint:
+                cands.append((k, s, n, joint, int(s.tokens == fi.tokens)))
+    # best[i]: the heaviest chain ending at candidate i (weight, previous); weights add as
+    # (exact arrays, jointly agreeing one-value fills, token-count agreements)
+    best: list[tuple[tuple[int, int, int], int | None]] = []
+    for i, (k, s, n, joint, agree) in enumerate(cands):
         prev = max((j for j in range(i) if cands[j][0] < k and cands[j][1].index < s.index),
                    key=lambda j: best[j][0], default=None)
-        w = best[prev][0] if prev is not None else (0, 0)
-        best.append(((w[0] + n, w[1] + agree), prev))
+        w = best[prev][0] if prev is not None else (0, 0, 0)
+        best.append(((w[0] + n, w[1] + joint, w[2] + agree), prev))
     end = max(range(len(cands)), key=lambda i: best[i][0], default=None)
     chosen = {}
     while end is not None:
@@ -327,19 +339,30 @@ def _tie(fwds: list[ForwardInputs], steps) -> None:
     for k, fi in enumerate(fwds):
         mine = [c for c in cands if c[0] == k]
         if k in chosen:
-            _, s, n, agree = chosen[k]
+            _, s, n, joint, agree = chosen[k]
             fi.step = s
-            fi.step_because = f"{n} of the forward's arrays equal step {s.index}'s values exactly" + (
+            fi.step_because = (f"{n} of the forward's arrays equal step {s.index}'s values exactly" if n else
+                               f"{joint} one-value arrays of the forward ({', '.join(sorted(_joint_fills(fi, s)))}) "
+                               f"equal step {s.index}'s values") + (
                 "" if fi.tokens is None else f"; its {s.tokens} tokens agree with the analysis'" if agree
                 else f"; the analysis counts {fi.tokens} tokens, the step {s.tokens} (sequences {len(s.runs)})")
         elif mine:
-            top = max(mine, key=lambda c: c[2])
-            fi.step_because = (f"{top[2]} of the forward's arrays equal step {top[1].index}'s values exactly, but the "
+            top = max(mine, key=lambda c: (c[2], c[3]))
+            fi.step_because = (f"{top[2] or top[3]} of the forward's arrays equal step {top[1].index}'s values, but the "
                                f"forwards around it took steps that the engine ran "
                                f"{'after' if any(c[0] < k and c[1].index > top[1].index for c in chosen.values()) else 'before'}"
                                f" it (steps run in order): no step")
         else:
             fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+
+
+_VALUED = ("token", "position", "seq_len")     # fills the requests determine value by value
+
+
+def _joint_fills(fi: ForwardInputs, s) -> set[str]:
+    return {m.fill for a in fi.arrays if a.data
+            for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
+            if m.sure == "weak" and m.fill in _VALUED}
 
 
 def _by_order(fwds: list[ForwardInputs], steps) -> None:

@@ -134,4 +134,38 @@ def test_decode_forwards_take_their_steps_by_order():
     serve = [fi for fi in fwds if fi.phase == "serve"]
     assert [fi.step.index for fi in serve] == list(range(len(reqs.steps)))
     assert all(fi.step.tokens == fi.tokens for fi in serve)
-    assert sum("by order" in fi.step_because for fi in serve) == sum(1 for s in reqs.steps if not s.prefill)
+    # a decode's position and length, one value each, tie it where two of them agree (else: by order)
+    assert sum("by order" in fi.step_because or "one-value arrays" in fi.step_because
+               for fi in serve) == sum(1 for s in reqs.steps if not s.prefill)
+    assert any("by order" in fi.step_because for fi in serve)
+
+
+def _decode_forward(k, arrays):
+    fi = ForwardInputs(100 + k, "serve", 1, 1000 * k, 1000 * k + 99)
+    for j, vals in enumerate(arrays):
+        data = np.array(vals, np.int64).tobytes()
+        fi.arrays.append(Array("replay", 1000 * k + j, 0x5000 + 0x100 * j, len(data), f"k param {j}@0", data))
+    return fi
+
+
+@pytest.mark.parametrize("ctx", [5, 40, 163, 1000])
+def test_one_sequence_decodes_tie_by_position_and_length_together(ctx):
+    """A one-sequence decode's position and length are one value each (weak alone: any buffer's
+    first word may equal one); a forward showing both, in different arrays, takes their step, and
+    a forward showing one of them only takes none from its own arrays."""
+    from compiler import inputs
+    from compiler.requests import Request, steps
+
+    reqs = [Request(tuple(range(1, ctx + 1)), (7, 8, 9, 10))]
+    st = steps(reqs)                      # prefill, then 3 decodes at positions ctx .. ctx + 2
+    both = [_decode_forward(k, [[ctx + k, 0, 0], [ctx + k + 1, 0, 0]]) for k in range(3)]
+    inputs._tie(both, st)
+    assert [fi.step.index for fi in both] == [1, 2, 3]
+    assert all("one-value arrays" in fi.step_because for fi in both)
+    alone = [_decode_forward(k, [[ctx + k, 0, 0]]) for k in range(3)]
+    inputs._tie(alone, st)
+    assert all(fi.step is None for fi in alone)
+    # the same value twice (two copies of one position) is one fill, not two
+    twice = [_decode_forward(0, [[ctx, 0, 0], [ctx, 0, 0]])]
+    inputs._tie(twice, st)
+    assert twice[0].step is None
