@@ -276,8 +276,7 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
     """Each forward's step (the one its arrays match best, in the order the engine ran them) and
     each array's matches."""
     if reqs is not None:
-        _tie(fwds, reqs.steps)
-        _by_order(fwds, reqs.steps)
+        tie(fwds, reqs.steps)
     for fi in fwds:
         for a in fi.arrays:
             if a.data is None:
@@ -289,6 +288,41 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
             if not a.matches:
                 a.note = ("matches no input of step %d" % fi.step.index if fi.step is not None
                           else "matches nothing by structure, and no step is known")
+
+
+def tie(fwds: list[ForwardInputs], steps) -> None:
+    """Each serving forward's step, strongest evidence first: the chain of exact arrays
+    (`_tie`), then the stretches that pair by order (`_by_order`), then, only for forwards still
+    without one, inside the stretch their neighbours leave, the one-value fills that agree jointly
+    (`_tie_jointly`), then order again. Why this order: a position or a length equals values of
+    many steps by chance; let it decide only where nothing stronger did, and never across a step
+    a neighbour already took (q3v: five one-token requests share their positions)."""
+    _tie(fwds, steps)
+    _by_order(fwds, steps)
+    _tie_jointly(fwds, steps)
+    _by_order(fwds, steps)
+
+
+def _chain(cands: list[tuple]) -> dict[int, tuple]:
+    """The heaviest chain of candidates (forward's place, step, *weights) in which later forwards
+    take later steps; weights add element-wise and compare in order."""
+    best: list[tuple[tuple, int | None]] = []
+    for i, (k, s, *w) in enumerate(cands):
+        prev = max((j for j in range(i) if cands[j][0] < k and cands[j][1].index < s.index),
+                   key=lambda j: best[j][0], default=None)
+        base = best[prev][0] if prev is not None else (0,) * len(w)
+        best.append((tuple(x + y for x, y in zip(base, w)), prev))
+    end = max(range(len(cands)), key=lambda i: best[i][0], default=None)
+    chosen = {}
+    while end is not None:
+        chosen[cands[end][0]] = cands[end]
+        end = best[end][1]
+    return chosen
+
+
+def _agreement(fi: ForwardInputs, s) -> str:
+    return ("" if fi.tokens is None else f"; its {s.tokens} tokens agree with the analysis'" if s.tokens == fi.tokens
+            else f"; the analysis counts {fi.tokens} tokens, the step {s.tokens} (sequences {len(s.runs)})")
 
 
 def _tie(fwds: list[ForwardInputs], steps) -> None:
@@ -308,61 +342,73 @@ def _tie(fwds: list[ForwardInputs], steps) -> None:
             fi.step_because = "a start-up pass: it serves no step of the requests"
             continue
         for s in steps:
-            n, few, by = 0, set(), set()
-            for j, a in enumerate(fi.arrays):
-                if not a.data:
-                    continue
-                ms = fills.match(a.data, s, prefix=a.source in ("host", "replay"))
-                if any(m.sure == "exact" for m in ms):
-                    n += 1
-                weak = {m.fill for m in ms if m.sure == "weak" and m.fill in _VALUED}
-                few |= weak
-                by |= {j} if weak else set()
-            # a one-sequence decode's position and length are one value each, never "exact" alone;
-            # two different ones agreeing with one step, in different arrays, are the step's
-            joint = len(few) if len(few) >= 2 and len(by) >= 2 else 0
-            if n or joint:
-                cands.append((k, s, n, joint, int(s.tokens == fi.tokens)))
-    # best[i]: the heaviest chain ending at candidate i (weight, previous); weights add as
-    # (exact arrays, jointly agreeing one-value fills, token-count agreements)
-    best: list[tuple[tuple[int, int, int], int | None]] = []
-    for i, (k, s, n, joint, agree) in enumerate(cands):
-        prev = max((j for j in range(i) if cands[j][0] < k and cands[j][1].index < s.index),
-                   key=lambda j: best[j][0], default=None)
-        w = best[prev][0] if prev is not None else (0, 0, 0)
-        best.append(((w[0] + n, w[1] + joint, w[2] + agree), prev))
-    end = max(range(len(cands)), key=lambda i: best[i][0], default=None)
-    chosen = {}
-    while end is not None:
-        chosen[cands[end][0]] = cands[end]
-        end = best[end][1]
+            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
+                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
+            if n:
+                cands.append((k, s, n, int(s.tokens == fi.tokens)))
+    chosen = _chain(cands)
     for k, fi in enumerate(fwds):
         mine = [c for c in cands if c[0] == k]
         if k in chosen:
-            _, s, n, joint, agree = chosen[k]
+            _, s, n, _ = chosen[k]
             fi.step = s
-            fi.step_because = (f"{n} of the forward's arrays equal step {s.index}'s values exactly" if n else
-                               f"{joint} one-value arrays of the forward ({', '.join(sorted(_joint_fills(fi, s)))}) "
-                               f"equal step {s.index}'s values") + (
-                "" if fi.tokens is None else f"; its {s.tokens} tokens agree with the analysis'" if agree
-                else f"; the analysis counts {fi.tokens} tokens, the step {s.tokens} (sequences {len(s.runs)})")
+            fi.step_because = f"{n} of the forward's arrays equal step {s.index}'s values exactly" + _agreement(fi, s)
         elif mine:
-            top = max(mine, key=lambda c: (c[2], c[3]))
-            fi.step_because = (f"{top[2] or top[3]} of the forward's arrays equal step {top[1].index}'s values, but the "
+            top = max(mine, key=lambda c: c[2])
+            fi.step_because = (f"{top[2]} of the forward's arrays equal step {top[1].index}'s values exactly, but the "
                                f"forwards around it took steps that the engine ran "
                                f"{'after' if any(c[0] < k and c[1].index > top[1].index for c in chosen.values()) else 'before'}"
                                f" it (steps run in order): no step")
-        else:
+        elif fi.phase == "serve":
             fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+
+
+def _tie_jointly(fwds: list[ForwardInputs], steps) -> None:
+    """Serving forwards still without a step, stretch by stretch between the forwards that have
+    one: a free step of the stretch is a candidate where two or more different one-value fills
+    (token, position, length) equal its values in two or more different arrays; the stretch keeps
+    its heaviest in-order chain. Why: a one-sequence decode's position and length are one value
+    each, never `exact` alone, and `_by_order` pairs nothing where the analysis' token counts
+    disagree with the steps' (default mode's padded graph batches); two of them agreeing at once
+    in different arrays is the step's, one alone is chance (any buffer's first word)."""
+    serve = [k for k, fi in enumerate(fwds) if fi.phase == "serve"]
+    taken = {fwds[k].step.index for k in serve if fwds[k].step is not None}
+    anchors = [None] + [k for k in serve if fwds[k].step is not None] + [None]
+    for a, b in zip(anchors, anchors[1:]):
+        lo = fwds[a].step.index if a is not None else -1
+        hi = fwds[b].step.index if b is not None else len(steps)
+        gap = [k for k in serve if (a is None or k > a) and (b is None or k < b) and fwds[k].step is None]
+        free = [s for s in steps if lo < s.index < hi and s.index not in taken]
+        cands = []
+        for k in gap:
+            for s in free:
+                few = _joint_fills(fwds[k], s)
+                if len(few) >= 2 and _arrays_showing(fwds[k], s) >= 2:
+                    cands.append((k, s, len(few), int(s.tokens == fwds[k].tokens)))
+        for k, (_, s, joint, _) in _chain(cands).items():
+            fi = fwds[k]
+            fi.step = s
+            fi.step_because = (f"{joint} one-value arrays of the forward ({', '.join(sorted(_joint_fills(fi, s)))}) "
+                               f"equal step {s.index}'s values, the only evidence between its neighbours' steps"
+                               + _agreement(fi, s))
 
 
 _VALUED = ("token", "position", "seq_len")     # fills the requests determine value by value
 
 
+def _weak_valued(fi: ForwardInputs, s):
+    for a in fi.arrays:
+        if a.data:
+            yield a, {m.fill for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
+                      if m.sure == "weak" and m.fill in _VALUED}
+
+
+def _arrays_showing(fi: ForwardInputs, s) -> int:
+    return sum(1 for _, f in _weak_valued(fi, s) if f)
+
+
 def _joint_fills(fi: ForwardInputs, s) -> set[str]:
-    return {m.fill for a in fi.arrays if a.data
-            for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
-            if m.sure == "weak" and m.fill in _VALUED}
+    return set().union(*(f for _, f in _weak_valued(fi, s)))
 
 
 def _by_order(fwds: list[ForwardInputs], steps) -> None:

@@ -31,6 +31,7 @@ from compiler import builds, device_ops, externs
 from compiler.errors import CompileError
 from compiler.inputs import allocations
 from compiler.launches import Launch, read_launches
+from mining.graphs import of_dump
 from vocab.analysis import AnalysisDoc, site_name
 
 
@@ -326,7 +327,7 @@ def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Pro
                      f"kind is unknown: left out of every program")
     ops = device_ops.placed(dump)
     cap = device_ops.capture_ids(dump, [s for f in fwds for s in _seqs(f)])
-    notes += device_ops.graph_gaps(dump, _graphs(dump), {c for c in cap.values() if c >= 0})
+    notes += device_ops.graph_gaps(dump, of_dump(dump), {c for c in cap.values() if c >= 0})
     flowd = {(w.site, w.i, w.at): w.direction for w in (doc.flow or [])}
     allocs = allocations(dump) if ops else []
     for name in ("decode", "prefill"):
@@ -461,18 +462,6 @@ def _join(prog: Program, s: Sample) -> str | None:
                     f"builds (compiler.builds)")
     prog.samples.append(s)
     return None
-
-
-def _graphs(dump):
-    """The dump's graphs.jsonl frame (empty without one, or for a dump held only in memory)."""
-    from mining.graphs import read_graphs
-    src = getattr(dump, "source", None)
-    if src is None:
-        return None
-    try:
-        return read_graphs(src.parent)
-    except OSError:
-        return None
 
 
 def _copy(x: Launch) -> Launch:

@@ -126,10 +126,10 @@ def reduce_trace(src, dst) -> int:
 def capture_kernels(dump, start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
     """Kernel executions of `dump` (mining.load.Dump) in [start_ns, end_ns] (either None: open):
     columns KEY + t_ns + seq + replay (-1 for an eager launch)."""
-    from mining.graphs import executed, read_graphs
+    from mining.graphs import executed, of_dump
 
     L = dump.launches
-    ex = executed(L, read_graphs(dump.source.parent)).frame
+    ex = executed(L, of_dump(dump)).frame
     rows = ex["row"].to_numpy()
     t = ex["t_ns"].to_numpy()
     ok = L["result"].to_numpy()[rows] == 0
@@ -153,9 +153,9 @@ def capture_kernels(dump, start_ns: int | None = None, end_ns: int | None = None
 def copy_nodes(dump, start_ns: int | None = None, end_ns: int | None = None) -> int:
     """Non-kernel nodes the graph replays in [start_ns, end_ns] ran: per replay, its graph's node
     count (graphs.jsonl `capture_end` `nodes`) less the kernels captured into it."""
-    from mining.graphs import executed, read_graphs
+    from mining.graphs import executed, of_dump
 
-    g = read_graphs(dump.source.parent)
+    g = of_dump(dump)
     rep = executed(dump.launches, g).replays
     if rep.empty:
         return 0

@@ -94,6 +94,21 @@ def read_graphs(folder: Path, warnings: list[str] | None = None,
     return df
 
 
+def of_dump(dump) -> pd.DataFrame | None:
+    """A loaded dump's graphs frame: the one `mining.load` read, else (a Dump built in memory with
+    no frame) its folder's graphs.jsonl; None for a dump with neither."""
+    g = getattr(dump, "graphs", None)
+    if g is not None:
+        return g
+    src = getattr(dump, "source", None)
+    if src is None:
+        return None
+    try:
+        return read_graphs(Path(src).parent)
+    except OSError:
+        return None
+
+
 @dataclass
 class Executed:
     """The stream the GPU ran, one row per kernel execution, in host-time order.

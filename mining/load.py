@@ -107,6 +107,7 @@ class Dump:
     copies: pd.DataFrame | None = None  # copies.jsonl host-to-device copies (mining/copies.py), if any
     snapshot: Snapshot | None = None    # snapshot.jsonl + snapshot/ device bytes (mining/snapshot.py), if any
     device_ops: pd.DataFrame | None = None  # copies.jsonl device-to-device copies and memsets (split_copies)
+    graphs: pd.DataFrame | None = None  # graphs.jsonl events (mining.graphs.read_graphs), read once here
 
 
 # ------------------------------------------------------------------ locating the files
@@ -333,7 +334,7 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
         raise DumpError(f"{src}: holds no launch records")
     warnings = meta_warnings + warnings
     modules = _module_frame(folder, warnings, reports["modules.jsonl"])
-    read_graphs(folder, None, reports[GRAPHS])
+    graphs = read_graphs(folder, None, reports[GRAPHS])
     copies = read_copies(folder / COPIES, warnings, reports[COPIES]) if (folder / COPIES).is_file() else None
     device_ops = None
     if copies is not None:
@@ -346,7 +347,8 @@ def load_dump(path: str | os.PathLike, pid: int | None = None, cache: bool = Tru
     warnings += _damage_notes(damage, meta, reports[src.name], len(launches))
     name = folder.name
     pid_v = meta.get("pid") or (int(name[3:]) if name.startswith("pid") and name[3:].isdigit() else None)
-    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies, snapshot, device_ops)
+    return Dump(launches, params, modules, meta, src, pid_v, warnings, allocs, damage, copies, snapshot, device_ops,
+                graphs)
 
 
 def _damage_notes(damage: list[FileReport], meta: dict, launch: FileReport, kept: int) -> list[str]:

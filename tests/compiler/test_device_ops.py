@@ -159,7 +159,7 @@ def test_q3z_decode_graphs_hold_a_node_the_capture_did_not_record():
     """q3z was captured before device-to-device copies were logged: each decode graph ends with a
     copy the dump lacks (50 nodes, 49 kernel launches)."""
     from paths import FIXTURES
-    from compiler.programs import _graphs as read
+    from mining.graphs import of_dump as read
     from mining.load import load_dump
     dump = load_dump(FIXTURES / "compile" / "q3z.tar.xz", cache=False)
     caps = set(dump.launches.loc[dump.launches["capture_id"] >= 0, "capture_id"].astype(int))

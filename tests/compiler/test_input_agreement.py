@@ -159,13 +159,13 @@ def test_one_sequence_decodes_tie_by_position_and_length_together(ctx):
     reqs = [Request(tuple(range(1, ctx + 1)), (7, 8, 9, 10))]
     st = steps(reqs)                      # prefill, then 3 decodes at positions ctx .. ctx + 2
     both = [_decode_forward(k, [[ctx + k, 0, 0], [ctx + k + 1, 0, 0]]) for k in range(3)]
-    inputs._tie(both, st)
+    inputs.tie(both, st)
     assert [fi.step.index for fi in both] == [1, 2, 3]
     assert all("one-value arrays" in fi.step_because for fi in both)
     alone = [_decode_forward(k, [[ctx + k, 0, 0]]) for k in range(3)]
-    inputs._tie(alone, st)
+    inputs.tie(alone, st)
     assert all(fi.step is None for fi in alone)
     # the same value twice (two copies of one position) is one fill, not two
     twice = [_decode_forward(0, [[ctx, 0, 0], [ctx, 0, 0]])]
-    inputs._tie(twice, st)
+    inputs.tie(twice, st)
     assert twice[0].step is None

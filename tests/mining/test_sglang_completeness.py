@@ -169,6 +169,7 @@ def test_driver_copy_kernels_against_graph_copy_nodes(tmp_path):
         if e["event"] == "capture_end":
             e["nodes"] = 3                                   # kB, kC and one copy node
     g.write_text("".join(json.dumps(e) + "\n" for e in ev))
+    d = load_dump(tmp_path, cache=False)                     # the dump reads graphs.jsonl once, at load
     assert C.copy_nodes(d) == 2 and C.copy_nodes(d, 450, 550) == 1
     names = C.loaded_names(d)
     assert {"kA", "kB", "kC", "kD", "kE"} <= names and "memcpy32_post" not in names
