@@ -1,5 +1,5 @@
 #!/bin/bash
-# call B: kit half b, a default-mode capture with its start-up snapshot, packed as a fixture
+# call B: kit half b, a default-mode capture with its start-up snapshot, packed as a fixture (NO_PACK=1: not)
 set -u; T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 ls /tmp/kit/v.aa /tmp/ck/config.json || exit 3
 mkdir -p /tmp/vllm-site && cat /tmp/kit/v.aa KIT2/b/v.ab | tar xJ -C /tmp/vllm-site; el "untar rc=$?"
@@ -11,5 +11,5 @@ L=${LENGTHS:-"--lengths 1,29,88,163,7 --new 8 --seed 73 --max-model-len 2048"}
 timeout 280 python3 -m mine.cli capture -o /tmp/cap_d -- python3 -m compare.record_vllm /tmp/ck /tmp/ref_d.json $L --mode default > $OUT/b_cap_d.log 2>&1; el "cap default rc=$?"
 du -sh /tmp/cap_d; ls /tmp/cap_d
 cp /tmp/ref_d.json $OUT/ 2>/dev/null; cp /tmp/ck/config.json $OUT/ck_config.json
-python3 capture/pack_fixture.py /tmp/cap_d $OUT/fix_d.tar.xz --max-launches 1000000 --max-cubin-bytes 8000000 > $OUT/b_pack.log 2>&1; el "pack rc=$?"
+[ -n "${NO_PACK:-}" ] || python3 capture/pack_fixture.py /tmp/cap_d $OUT/fix_d.tar.xz --max-launches 1000000 --max-cubin-bytes 8000000 > $OUT/b_pack.log 2>&1; el "pack rc=$?"
 tail -n 5 $OUT/b_cap_d.log; ls -la $OUT
