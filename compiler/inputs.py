@@ -379,16 +379,17 @@ def _tie_jointly(fwds: list[ForwardInputs], steps) -> None:
         hi = fwds[b].step.index if b is not None else len(steps)
         gap = [k for k in serve if (a is None or k > a) and (b is None or k < b) and fwds[k].step is None]
         free = [s for s in steps if lo < s.index < hi and s.index not in taken]
-        cands = []
+        cands, seen = [], {}
         for k in gap:
             for s in free:
-                few = _joint_fills(fwds[k], s)
-                if len(few) >= 2 and _arrays_showing(fwds[k], s) >= 2:
+                few, arrays = _joint(fwds[k], s)
+                if len(few) >= 2 and arrays >= 2:
+                    seen[k, s.index] = few
                     cands.append((k, s, len(few), int(s.tokens == fwds[k].tokens)))
         for k, (_, s, joint, _) in _chain(cands).items():
             fi = fwds[k]
             fi.step = s
-            fi.step_because = (f"{joint} one-value arrays of the forward ({', '.join(sorted(_joint_fills(fi, s)))}) "
+            fi.step_because = (f"{joint} one-value arrays of the forward ({', '.join(sorted(seen[k, s.index]))}) "
                                f"equal step {s.index}'s values, the only evidence between its neighbours' steps"
                                + _agreement(fi, s))
 
@@ -396,19 +397,17 @@ def _tie_jointly(fwds: list[ForwardInputs], steps) -> None:
 _VALUED = ("token", "position", "seq_len")     # fills the requests determine value by value
 
 
-def _weak_valued(fi: ForwardInputs, s):
+def _joint(fi: ForwardInputs, s) -> tuple[set[str], int]:
+    """The one-value fills (`_VALUED`) the forward's arrays weakly show for step `s`, and how many
+    arrays show one."""
+    few, arrays = set(), 0
     for a in fi.arrays:
         if a.data:
-            yield a, {m.fill for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
-                      if m.sure == "weak" and m.fill in _VALUED}
-
-
-def _arrays_showing(fi: ForwardInputs, s) -> int:
-    return sum(1 for _, f in _weak_valued(fi, s) if f)
-
-
-def _joint_fills(fi: ForwardInputs, s) -> set[str]:
-    return set().union(*(f for _, f in _weak_valued(fi, s)))
+            f = {m.fill for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
+                 if m.sure == "weak" and m.fill in _VALUED}
+            few |= f
+            arrays += bool(f)
+    return few, arrays
 
 
 def _by_order(fwds: list[ForwardInputs], steps) -> None:
