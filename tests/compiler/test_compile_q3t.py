@@ -18,17 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from kern_verdicts import accepted_by_both
 from paths import FIXTURES
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replayed import compile_replayed  # noqa: E402
+from replayed import FILLS, compile_replayed  # noqa: E402
 
 from compiler.compile import compile_dump  # noqa: E402
-from manifests.kern_oracle import quiet_stderr, verdict
-from manifests.verify import verify
 
 FIX = FIXTURES / "compile"
-FILLS = {"token": "i64", "position": "i64", "slot": "i64", "seq_len": "i64", "cu_seqlens": "i32", "blocks": "i32"}
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +36,7 @@ def compiled(tmp_path_factory):
 
 def test_verified_by_both(compiled):
     res, out = compiled
-    assert verify(res.manifest) == []
-    with quiet_stderr():
-        v = verdict(out / "manifest.json")
-    assert v.accepted, v.violations[:3]
+    accepted_by_both(res, out)
 
 
 def test_every_fill_a_one_sequence_host_writes_is_named_with_its_width(compiled):

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from manifests import kern_oracle
+from manifests.verify import verify
 
 
 def kern_violations(manifest: dict, kernels_dir, tmp_path) -> list[str]:
@@ -22,3 +23,11 @@ def kern_violations(manifest: dict, kernels_dir, tmp_path) -> list[str]:
     if v.accepted and v.exc is not None and "cuda" not in str(v.exc).lower():
         raise v.exc
     return v.violations
+
+
+def accepted_by_both(res, out, what: str = "") -> None:
+    """A compile result: our verifier finds nothing in its manifest and kern-llm accepts the file it wrote."""
+    assert verify(res.manifest) == [], what
+    with kern_oracle.quiet_stderr():
+        v = kern_oracle.verdict(out / "manifest.json")
+    assert v.accepted, (what, v.violations[:3])
