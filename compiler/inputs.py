@@ -291,16 +291,66 @@ def name(fwds: list[ForwardInputs], reqs: Requests | None) -> None:
 
 
 def tie(fwds: list[ForwardInputs], steps) -> None:
-    """Each serving forward's step, strongest evidence first: the chain of exact arrays
-    (`_tie`), then the stretches that pair by order (`_by_order`), then, only for forwards still
-    without one, inside the stretch their neighbours leave, the one-value fills that agree jointly
-    (`_tie_jointly`), then order again. Why this order: a position or a length equals values of
-    many steps by chance; let it decide only where nothing stronger did, and never across a step
-    a neighbour already took (q3v: five one-token requests share their positions)."""
-    _tie(fwds, steps)
-    _by_order(fwds, steps)
-    _tie_jointly(fwds, steps)
-    _by_order(fwds, steps)
+    """Each serving forward's step, strongest evidence first, each kind of evidence only inside
+    the stretches the stronger ones left (the free steps between two tied forwards' steps):
+    arrays of two or more elements equal to one step's values exactly (a prompt's token ids, its
+    offsets), then the stretches that pair by order (`_by_order`), then one-element arrays equal
+    to one step's value exactly, then two or more one-value fills agreeing at once (`_joint`),
+    order again after each. Why this order: one value (a decode's length, a position) equals
+    values of many steps by chance, or belongs to another forward than the copy log's order
+    says (q3x: a decode's 4-byte copy held the length of the step two later); let it decide only
+    where nothing stronger did, and never across a step a neighbour already took (q3v: five
+    one-token requests share their positions). Start-up passes serve no step: a warm-up's stale
+    staging bytes equal a step's values by chance (q3w's dummy runs held a prompt's length)."""
+    for fi in fwds:
+        fi.step_because = ("a start-up pass: it serves no step of the requests" if fi.phase != "serve"
+                           else "no step of the requests explains any of the forward's arrays exactly")
+    tells = {id(a): _telling(a, steps) for fi in fwds if fi.phase == "serve" for a in fi.arrays}
+    for evidence in (_exact(tells, 2), None, _exact(tells, 1), _jointly, None):
+        if evidence is None:
+            _by_order(fwds, steps)
+        else:
+            _tie_in_stretches(fwds, steps, evidence)
+
+
+def _stretches(fwds: list[ForwardInputs], steps):
+    """(serving forwards without a step, the steps nobody took) between each two consecutive
+    serving forwards that have one (or the ends of the run)."""
+    serve = [k for k, fi in enumerate(fwds) if fi.phase == "serve"]
+    taken = {fwds[k].step.index for k in serve if fwds[k].step is not None}
+    anchors = [None] + [k for k in serve if fwds[k].step is not None] + [None]
+    out = []
+    for a, b in zip(anchors, anchors[1:]):
+        lo = fwds[a].step.index if a is not None else -1
+        hi = fwds[b].step.index if b is not None else len(steps)
+        gap = [k for k in serve if (a is None or k > a) and (b is None or k < b) and fwds[k].step is None]
+        free = [s for s in steps if lo < s.index < hi and s.index not in taken]
+        if gap and free:
+            out.append((gap, free))
+    return out
+
+
+def _tie_in_stretches(fwds: list[ForwardInputs], steps, evidence) -> None:
+    """Inside each stretch, the heaviest chain of (forward, step) candidates `evidence` gives, in
+    which later forwards take later steps. A forward whose candidates all break the chain keeps
+    none, and says why."""
+    for gap, free in _stretches(fwds, steps):
+        cands, why = [], {}
+        for k in gap:
+            for s, weight, because in evidence(fwds[k], free):
+                why[k, s.index] = because
+                cands.append((k, s, weight, int(s.tokens == fwds[k].tokens)))
+        chosen = _chain(cands)
+        for k in gap:
+            fi = fwds[k]
+            if k in chosen:
+                s = chosen[k][1]
+                fi.step, fi.step_because = s, why[k, s.index] + _agreement(fi, s)
+            elif mine := [c for c in cands if c[0] == k]:
+                top = max(mine, key=lambda c: c[2])
+                after = any(c[0] < k and c[1].index > top[1].index for c in chosen.values())
+                fi.step_because = (f"{why[k, top[1].index]}, but the forwards around it took steps that the engine "
+                                   f"ran {'after' if after else 'before'} it (steps run in order): no step")
 
 
 def _chain(cands: list[tuple]) -> dict[int, tuple]:
@@ -325,73 +375,57 @@ def _agreement(fi: ForwardInputs, s) -> str:
             else f"; the analysis counts {fi.tokens} tokens, the step {s.tokens} (sequences {len(s.runs)})")
 
 
-def _tie(fwds: list[ForwardInputs], steps) -> None:
-    """Each forward's step from its arrays: a step is a candidate where some array equals its
-    values exactly; of all candidates, the forwards keep the chain in which later forwards take
-    later steps with the most exact arrays (then the most token counts agreeing with the
-    analysis'; the analysis' count ranks, never filters: a batched forward's count may be its
-    sequences, issue 17). Why a chain: the engine ran the steps in order, one per forward, and a
-    one-element array (a decode's length, a count the engine copies) equals some value of many
-    steps by chance; a forward tied out of order by it would also break the stretch `_by_order`
-    pairs around it. A forward whose candidates all break the chain keeps none (it says why)."""
-    cands = []                      # (forward's place, step, exact arrays, token count agrees)
-    for k, fi in enumerate(fwds):
-        if fi.phase != "serve":
-            # the engine's start-up passes serve no request: a warm-up's stale staging bytes
-            # equal a step's values by chance (q3w's dummy runs held a prompt's length)
-            fi.step_because = "a start-up pass: it serves no step of the requests"
-            continue
-        for s in steps:
-            n = sum(1 for a in fi.arrays if a.data and any(m.sure == "exact" for m in
-                                                           fills.match(a.data, s, prefix=a.source in ("host", "replay"))))
-            if n:
-                cands.append((k, s, n, int(s.tokens == fi.tokens)))
-    chosen = _chain(cands)
-    for k, fi in enumerate(fwds):
-        mine = [c for c in cands if c[0] == k]
-        if k in chosen:
-            _, s, n, _ = chosen[k]
-            fi.step = s
-            fi.step_because = f"{n} of the forward's arrays equal step {s.index}'s values exactly" + _agreement(fi, s)
-        elif mine:
-            top = max(mine, key=lambda c: c[2])
-            fi.step_because = (f"{top[2]} of the forward's arrays equal step {top[1].index}'s values exactly, but the "
-                               f"forwards around it took steps that the engine ran "
-                               f"{'after' if any(c[0] < k and c[1].index > top[1].index for c in chosen.values()) else 'before'}"
-                               f" it (steps run in order): no step")
-        elif fi.phase == "serve":
-            fi.step_because = "no step of the requests explains any of the forward's arrays exactly"
+def _telling(a: Array, steps) -> tuple | None:
+    """(the one step an array equals exactly and tells apart from every other, the elements
+    compared), or None. An array equal to several steps' values counts for the one where it
+    equals the most elements (a 163-token arange holds a 5-token prompt's positions as its
+    prefix: stale bytes of a longer step); where two steps tie at the most, it tells neither: a
+    one-sequence decode's length is the next step's position, so a 4-byte copy of 5 is step 8's
+    length and step 9's position alike (q3zd: such copies tied three forwards to the wrong
+    steps and broke the stretches `_by_order` pairs)."""
+    if not a.data:
+        return None
+    best, most, tied = None, 0, False
+    for s in steps:
+        n = max((m.elements for m in fills.match(a.data, s, prefix=a.source in ("host", "replay"))
+                 if m.sure == "exact"), default=0)
+        if n > most:
+            best, most, tied = s, n, False
+        elif n and n == most:
+            tied = True
+    return None if tied or best is None else (best, most)
 
 
-def _tie_jointly(fwds: list[ForwardInputs], steps) -> None:
-    """Serving forwards still without a step, stretch by stretch between the forwards that have
-    one: a free step of the stretch is a candidate where two or more different one-value fills
-    (token, position, length) equal its values in two or more different arrays; the stretch keeps
-    its heaviest in-order chain. Why: a one-sequence decode's position and length are one value
-    each, never `exact` alone, and `_by_order` pairs nothing where the analysis' token counts
-    disagree with the steps' (default mode's padded graph batches); two of them agreeing at once
-    in different arrays is the step's, one alone is chance (any buffer's first word)."""
-    serve = [k for k, fi in enumerate(fwds) if fi.phase == "serve"]
-    taken = {fwds[k].step.index for k in serve if fwds[k].step is not None}
-    anchors = [None] + [k for k in serve if fwds[k].step is not None] + [None]
-    for a, b in zip(anchors, anchors[1:]):
-        lo = fwds[a].step.index if a is not None else -1
-        hi = fwds[b].step.index if b is not None else len(steps)
-        gap = [k for k in serve if (a is None or k > a) and (b is None or k < b) and fwds[k].step is None]
-        free = [s for s in steps if lo < s.index < hi and s.index not in taken]
-        cands, seen = [], {}
-        for k in gap:
-            for s in free:
-                few, arrays = _joint(fwds[k], s)
-                if len(few) >= 2 and arrays >= 2:
-                    seen[k, s.index] = few
-                    cands.append((k, s, len(few), int(s.tokens == fwds[k].tokens)))
-        for k, (_, s, joint, _) in _chain(cands).items():
-            fi = fwds[k]
-            fi.step = s
-            fi.step_because = (f"{joint} one-value arrays of the forward ({', '.join(sorted(seen[k, s.index]))}) "
-                               f"equal step {s.index}'s values, the only evidence between its neighbours' steps"
-                               + _agreement(fi, s))
+def _exact(tells: dict, elements: int):
+    """Evidence: a free step is a candidate where arrays of the forward tell it (`_telling`) by
+    `elements` or more compared elements (1: exactly one), weighed by how many do. Why the
+    analysis' token count only ranks, never filters: a batched forward's count may be its
+    sequences (issue 17)."""
+    def evidence(fi: ForwardInputs, free):
+        n: dict[int, int] = {}
+        for a in fi.arrays:
+            t = tells.get(id(a))
+            if t is not None and (t[1] >= elements if elements > 1 else t[1] == 1):
+                n[t[0].index] = n.get(t[0].index, 0) + 1
+        return [(s, n[s.index], f"{n[s.index]} of the forward's {'one-element ' if elements == 1 else ''}arrays "
+                 f"equal step {s.index}'s values exactly") for s in free if s.index in n]
+    return evidence
+
+
+def _jointly(fi: ForwardInputs, free):
+    """Evidence: a free step is a candidate where two or more different one-value fills (token,
+    position, length) equal its values in two or more different arrays, weighed by how many
+    fills. Why: a one-sequence decode's position and length are one value each, never `exact`
+    alone, and `_by_order` pairs nothing where the analysis' token counts disagree with the
+    steps' (default mode's padded graph batches); two of them agreeing at once in different
+    arrays is the step's, one alone is chance (any buffer's first word)."""
+    out = []
+    for s in free:
+        few, arrays = _joint(fi, s)
+        if len(few) >= 2 and arrays >= 2:
+            out.append((s, len(few), f"{len(few)} one-value arrays of the forward ({', '.join(sorted(few))}) "
+                        f"equal step {s.index}'s values, the only evidence between its neighbours' steps"))
+    return out
 
 
 _VALUED = ("token", "position", "seq_len")     # fills the requests determine value by value

@@ -48,3 +48,21 @@ def check_fills(manifest: dict) -> None:
     """Every fill named once, with its width."""
     named = [(b["fill"], b["dtype"]) for b in manifest["buffers"].values() if b["kind"] == "input" and b.get("fill")]
     assert sorted(named) == sorted(FILLS.items())
+
+
+def check_every_step_tied(name: str, files: Path) -> None:
+    """Every serving forward of the capture takes a step of its requests, in the order the engine
+    ran them, each step once; start-up passes take none."""
+    from compiler.compile import explain_inputs
+    from compiler.requests import read_requests
+    from mining.analyze import analyze, document
+    from mining.load import load_dump
+    from vocab import contents as VC
+
+    dump = load_dump(FIX / f"{name}.tar.xz", cache=False)
+    reqs = read_requests(files / "ref.json")
+    fwds, _ = explain_inputs(dump, document(analyze(dump)), reqs, VC.read(files / "contents.json"))
+    serve = [fi for fi in fwds if fi.phase == "serve"]
+    assert [fi.step.index if fi.step else None for fi in serve] == list(range(len(reqs.steps))), \
+        [(fi.forward, fi.step_because) for fi in serve]
+    assert all(fi.step is None for fi in fwds if fi.phase != "serve")

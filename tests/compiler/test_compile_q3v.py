@@ -22,13 +22,8 @@ import pytest
 from paths import FIXTURES
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replayed import check_fills, check_served, compile_replayed, unpack  # noqa: E402
+from replayed import check_every_step_tied, check_fills, check_served, compile_replayed, unpack  # noqa: E402
 
-from compiler.compile import explain_inputs
-from compiler.requests import read_requests
-from mining.analyze import analyze, document
-from mining.load import load_dump
-from vocab import contents as VC
 
 FIX = FIXTURES / "compile"
 
@@ -52,12 +47,4 @@ def test_every_fill_is_named_once_with_its_width(compiled):
 
 
 def test_serving_forwards_take_every_step_in_order(files):
-    dump = load_dump(FIX / "q3v.tar.xz", cache=False)
-    doc = document(analyze(dump))
-    reqs = read_requests(files / "ref.json")
-    fwds, _ = explain_inputs(dump, doc, reqs, VC.read(files / "contents.json"))
-    serve = [fi for fi in fwds if fi.phase == "serve"]
-    steps = [fi.step.index for fi in serve if fi.step is not None]
-    assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    assert len(steps) == len(reqs.steps), [(fi.forward, fi.step_because) for fi in serve if fi.step is None][:3]
-    assert all(fi.step is None for fi in fwds if fi.phase != "serve")
+    check_every_step_tied("q3v", files)

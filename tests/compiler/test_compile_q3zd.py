@@ -17,7 +17,7 @@ from kern_verdicts import accepted_by_both
 
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replayed import FIX, compile_replayed  # noqa: E402
+from replayed import FIX, check_every_step_tied, compile_replayed, unpack  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,11 @@ def test_the_fixture_holds_device_copies_inside_graphs():
     assert set(d.copies["op"]) == {"htod"}
     assert (ops["op"] == "dtod").any() and (ops["op"] == "memset").any()
     assert (ops["in_graph"] & (ops["op"] == "dtod")).sum() >= 1 and not ops["has_bytes"].any()
+
+
+def test_every_serving_forward_takes_its_step(tmp_path):
+    """Two one-sequence requests (prompts of 163 and 5 tokens, 8 new tokens each): 16 steps. A
+    decode's 4-byte length copy is also the next step's position, and the first decode's replayed
+    position buffer still holds the 163-token prompt's arange; before they counted for neither
+    step they tied forwards 106, 112 and 113 to steps 8, 9 and 14."""
+    check_every_step_tied("q3zd", unpack("q3zd", tmp_path))

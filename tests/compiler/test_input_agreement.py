@@ -169,3 +169,38 @@ def test_one_sequence_decodes_tie_by_position_and_length_together(ctx):
     twice = [_decode_forward(0, [[ctx, 0, 0], [ctx, 0, 0]])]
     inputs.tie(twice, st)
     assert twice[0].step is None
+
+
+def _copy_forward(k, tokens, arrays, source="copy"):
+    fi = ForwardInputs(200 + k, "serve", tokens, 1000 * k, 1000 * k + 99)
+    for j, (dtype, vals) in enumerate(arrays):
+        data = np.array(vals, dtype).tobytes()
+        fi.arrays.append(Array(source, 1000 * k + j, 0x9000 + 0x1000 * j, len(data), "before", data))
+    return fi
+
+
+@pytest.mark.parametrize("long,short", [(163, 5), (40, 3), (700, 12)])
+def test_an_array_equal_to_two_steps_tells_neither_and_the_stretch_pairs_by_order(long, short):
+    """Two one-sequence requests, prompts of `long` and `short` tokens, 4 new tokens each. A decode's
+    4-byte length copy equals the next step's position (one value for two steps); a decode whose
+    replayed position buffer still holds the long prompt's arange holds the short prompt's
+    positions as its prefix. Neither may tie a forward (q3zd: both did, to the wrong steps); the
+    prompts' token copies tie the prefills, and the decodes between pair by order."""
+    from compiler import inputs
+    from compiler.requests import Request, steps
+
+    a, b = tuple(range(1, long + 1)), tuple(range(1000, 1000 + short))
+    st = steps([Request(a, (7, 8, 9, 10), 0), Request(b, (11, 12, 13, 14), 1)])   # 0: prefill, 1-3, 4: prefill, 5-7
+    fw = [_copy_forward(0, long, [(np.int32, a)])]
+    for k in range(3):                                    # request a's decodes: length after step k
+        fw.append(_copy_forward(1 + k, 1, [(np.int32, [long + k + 1])]))
+    fw[1].arrays += _copy_forward(0, 1, [(np.int64, list(range(long)))], source="replay").arrays
+    fw.append(_copy_forward(4, short, [(np.int32, b)]))
+    for k in range(3):
+        fw.append(_copy_forward(5 + k, 1, [(np.int32, [short + k + 1])]))
+    assert inputs._telling(fw[1].arrays[0], st) is None            # step 1's length is step 2's position
+    assert inputs._telling(fw[1].arrays[1], st)[0].index == 0         # the stale arange is the long prompt's
+    inputs.tie(fw, st)
+    assert [fi.step.index for fi in fw] == list(range(8))
+    assert all(fw[k].step_because.startswith("by order") for k in (1, 2))
+    assert not any(fw[k].step_because.startswith("by order") for k in (0, 4))
