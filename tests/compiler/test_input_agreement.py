@@ -134,9 +134,10 @@ def test_decode_forwards_take_their_steps_by_order():
     serve = [fi for fi in fwds if fi.phase == "serve"]
     assert [fi.step.index for fi in serve] == list(range(len(reqs.steps)))
     assert all(fi.step.tokens == fi.tokens for fi in serve)
-    # a decode's position and length, one value each, tie it where two of them agree (else: by order)
-    assert sum("by order" in fi.step_because or "one-value arrays" in fi.step_because
-               for fi in serve) == sum(1 for s in reqs.steps if not s.prefill)
+    # a one-token step (a decode, or a one-token prompt) is tied by order or by its position and
+    # length agreeing, one value each; a longer prompt by its exact arrays
+    assert [("by order" in fi.step_because or "one-value arrays" in fi.step_because) for fi in serve] == \
+        [s.tokens == 1 for s in reqs.steps]
     assert any("by order" in fi.step_because for fi in serve)
 
 
