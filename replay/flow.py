@@ -60,15 +60,19 @@ _MASTERS: dict[tuple[int, str], np.ndarray] = {}
 MASTER_MAX = 256 << 20      # poisons up to this size are prefixes of one cached array per seed and kind
 
 
+SMALL = 16        # `small` poison's bound: every table the engines index has at least this many rows
+
+
 def poison(n: int, seed: int, kind: str) -> np.ndarray:
-    """Seeded poison bytes: `random` (any byte), `random16` (each 4-byte lane a random value
-    below 2^16: random bf16 halves, bounded integers) or `ones` (0xFF: NaN as any float, -1 as
-    any integer). The first n bytes of one array per (seed, kind), generated once at the largest
+    """Seeded poison bytes: `small` (each 8-byte word a random value below 16, read as i64 or as
+    two i32s: an index into any table of 16 or more rows stays in range), `random` (any byte),
+    `random16` (each 4-byte lane a random value below 2^16: random bf16 halves, bounded
+    integers) or `ones` (0xFF: NaN as any float, -1 as any integer). The first n bytes of one array per (seed, kind), generated once at the largest
     size asked (why: a forward replay poisons hundreds of spans of up to tens of MiB, and drawing
     each afresh was a tenth of its time); callers must not write into it."""
     if kind == "ones":
         return np.full(n, 0xFF, np.uint8)
-    if kind not in ("random", "random16"):
+    if kind not in ("random", "random16", "small"):
         raise ValueError(f"unknown poison {kind!r}")
     if n > MASTER_MAX:
         return _drawn(n, seed, kind)
@@ -79,6 +83,10 @@ def poison(n: int, seed: int, kind: str) -> np.ndarray:
 
 
 def _drawn(n: int, seed: int, kind: str) -> np.ndarray:
+    if kind == "small":
+        b = np.zeros(n, np.uint8)
+        b[:n // 8 * 8:8] = np.random.default_rng(seed).integers(0, SMALL, n // 8, dtype=np.uint8)
+        return b
     b = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
     if kind == "random16":
         k = n // 4 * 4

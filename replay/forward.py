@@ -166,7 +166,7 @@ def _shared(plan: LaunchPlan) -> list[bool]:
 
 def _poison_loop(live: RN.Live, fill: RN.Fill, base: RN.Out, span: FL.Span, key, seed, faulted,
                  runs: RN.Masks, base_masks: RN.Masks):
-    """Poison `span` (POISONS in order: bounded, any bytes, all ones) until a read shows: the last
+    """Poison `span` (POISONS in order: small, bounded, any bytes, all ones) until a read shows: the last
     Out, "fault" for a span whose run faulted in an earlier worker; a new fault raises
     Faulted(key). A run's read is judged on its own writes and the baseline's in the span's region."""
     if key in faulted:
@@ -187,12 +187,16 @@ def _poison_loop(live: RN.Live, fill: RN.Fill, base: RN.Out, span: FL.Span, key,
     return got
 
 
-def _judged(base: RN.Out, got, wrote: RN.Masks, span: FL.Span) -> tuple[bool | None, str]:
-    """`replay.flow.judged` on `Out`s."""
+def _judged(base: RN.Out, got, base_masks: RN.Masks, span: FL.Span) -> tuple[bool | None, str]:
+    """`replay.flow.judged` on `Out`s, by `_poison_loop`'s rule: the poisoned run's own writes and
+    the baseline's. Why not every run's writes: a run with another span poisoned may write
+    elsewhere (an index moved a scatter), and those bytes, unwritten here, hold this span's
+    poison: a read of nothing."""
     if got is None:
         return None, ""
     if isinstance(got, str):
         return True, "fault"
+    wrote = base_masks.merged_with(RN.Masks(len(base_masks.pieces)).add(got), span.region)
     return RN.read_changed(base, got, wrote, span.region, span.lo, span.hi), "output"
 
 
@@ -244,7 +248,7 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
             m, read, how = priv[k]
         else:
             m = dense[span.region][span.lo:span.hi]
-            read, how = _judged(after, got.get((span.region, span.lo, span.hi)), runs, span)
+            read, how = _judged(after, got.get((span.region, span.lo, span.hi)), base_masks, span)
         rg = FL.ranges(m)
         res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(rg), read, how,
                                   FL.direction(bool(m.any()), read), sh, bool(dense[w.region].any()), len(m),
@@ -270,9 +274,10 @@ def _private_flow(gpu, plan, k, given: RN.Fill, seed, faulted, judge) -> tuple[n
         if not judge:
             return runs.dense(w.region, s.lengths[w.region])[w.offset:], None, ""
         span = FL.Span(w.region, w.offset, s.lengths[w.region])
-        g = _poison_loop(live, fill, after, span, ("private", plan.seq, k), seed, faulted, runs, RN.Masks(len(fill.base)).add(after))
+        base_masks = RN.Masks(len(fill.base)).add(after)
+        g = _poison_loop(live, fill, after, span, ("private", plan.seq, k), seed, faulted, runs, base_masks)
         m = runs.dense(w.region, s.lengths[w.region])[w.offset:]
-        return (m, *_judged(after, g, runs, span))
+        return (m, *_judged(after, g, base_masks, span))
     finally:
         gpu.free_all()
 

@@ -28,11 +28,15 @@ from replay.plan import (LaunchPlan, PlanError, plan_launch, read_attrs, read_ho
 from vocab.errors import MineError
 
 FILL_TIMED = "tagged"
-# poisons tried in order until one shows a read: bounded first (every 4-byte lane below 2^16, so
-# a loop bound or an index read from it cannot make a kernel run for ever), then any bytes, then
-# all ones (NaN in every float width, -1 in every integer width): a read whose value cancels out
-# (a softmax's running max over one active segment) still carries a NaN into the output
-POISONS = ("random16", "random", "ones")
+# poisons tried in order until one shows a read: small first (every 8-byte word below 16, so an
+# index read from it stays inside any table of 16 rows or more: Inductor's embedding and rope
+# kernels assert `index out of bounds` on larger ones, and an assert is sticky: it ends the
+# worker, and a new one must be started and the launch measured again; an 8-layer default-mode
+# window spent most of its time so, H200 2026-12-07), then bounded (every 4-byte lane below 2^16,
+# so a loop bound or an index read from it cannot make a kernel run for ever), then any bytes,
+# then all ones (NaN in every float width, -1 in every integer width): a read whose value
+# cancels out (a softmax's running max over one active segment) still carries a NaN into the output
+POISONS = ("small", "random16", "random", "ones")
 WRITTEN_RANGES = 16
 
 
@@ -141,6 +145,7 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
         res.deterministic = all(np.array_equal(a, b) for a, b in zip(after1, again))
         runs = [(fill0, after0), (fill1, after1)]
         poisoned: dict[tuple[int, int, int], list | str | None] = {}
+        own: dict[tuple[int, int, int], list] = {}      # a poisoned run's writes and the baseline's
         for span in s.spans:
             key = (span.region, span.lo, span.hi)
             if key in faulted:
@@ -159,14 +164,18 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
                     raise Faulted(key, str(exc)) from None
                 poisoned[key] = after
                 runs.append((fill, after))
-                if FL.read_changed(after1, after, FL.written([(fill, after)] + runs[:2]), span):
+                own[key] = FL.written([(fill, after)] + runs[:2])
+                if FL.read_changed(after1, after, own[key], span):
                     break
         # written: changed from what was put there, in any run (a poisoned span shows a kernel
         # that scales its data in place, which the small fills hide)
         wrote = FL.written(runs)
         res.bytes_written = int(sum(int(w.sum()) for w in wrote))
         for w, span in zip(plan.words, s.spans):
-            read, how = FL.judged(after1, poisoned[(span.region, span.lo, span.hi)], wrote, span)
+            # read: judged as the poison loop judged it, on the poisoned run's own writes (a run
+            # with another span poisoned may have written elsewhere: not this span's read)
+            key = (span.region, span.lo, span.hi)
+            read, how = FL.judged(after1, poisoned[key], own.get(key, wrote), span)
             m = wrote[span.region][span.lo:span.hi]
             shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
             rg = FL.ranges(m)

@@ -56,28 +56,28 @@ def test_directions_of_a_known_launch_and_the_big_region_sent_once(with_diff):
     after = _full(init, changes)
     assert np.array_equal(after[1][:8], init[0][:8] + 1)
     assert np.array_equal(after[0], init[0]) and np.array_equal(after[2], init[2])
-    # nine runs: baseline, determinism check, word 0's span poisoned once (read at the first
-    # poison), words 1 and 2 three times each (no poison shows a read). The output region is
+    # eleven runs: baseline, determinism check, word 0's span poisoned once (read at the first
+    # poison), words 1 and 2 four times each (no poison shows a read). The output region is
     # written by every run, so its changed bytes are sent back every run; the input region where
     # its fill changed (the baseline, its poisoned run, the run after it); the large unused region
-    # for the baseline and its own three poisoned fills (its span is all of it)
+    # for the baseline and its own four poisoned fills (its span is all of it)
     r0, r1, r2 = (dev.uploads[b] for b in sorted(dev.uploads))
-    assert (r0, r1, r2) == (3, 9, 4)
+    assert (r0, r1, r2) == (3, 11, 5)
     if with_diff:
-        # the device compares: of 9 runs over 1 MiB + 128 bytes only the output's chunk comes back
-        assert dev.downloaded == 9 * 64
+        # the device compares: of 11 runs over 1 MiB + 128 bytes only the output's chunk comes back
+        assert dev.downloaded == 11 * 64
     else:
-        assert dev.downloaded == 9 * (big + 128)
+        assert dev.downloaded == 11 * (big + 128)
 
 
-def _gather_kernel(dev, params, grid, block):
-    """idx = u64 at param 0 (a fault when at or above 2^40, as Inductor's index asserts); writes the 8
-    bytes at param 1 + 8 * (idx % 32), plus one, at param 2 + 16 * (idx % 4); with four params, the
-    sum of 64 bytes at param 3 at param 2 + 1500 (a write past the next word's offset when words
-    share a region)."""
+def _gather_kernel(dev, params, grid, block, bound=1 << 40):
+    """idx = u64 at param 0 (a fault when above `bound`, as Inductor's index asserts: 2^40 stands
+    for any table of 16 rows or more); writes the 8 bytes at param 1 + 8 * (idx % 32), plus one,
+    at param 2 + 16 * (idx % 4); with four params, the sum of 64 bytes at param 3 at param 2 +
+    1500 (a write past the next word's offset when words share a region)."""
     ps = [dev.ptr(params, k) for k in range(len(params))]
     v = int(dev.read(ps[0], 8).view("<u8")[0])
-    if v > 1 << 40:
+    if v > bound:
         raise CudaError("cuCtxSynchronize", "CUDA_ERROR_ASSERT", True)
     src = dev.read(ps[1] + 8 * (v % 32), 8).copy()
     dev.write(ps[2] + 16 * (v % 4), ((src.astype(np.uint16) + 1) & 255).astype(np.uint8))
@@ -86,32 +86,45 @@ def _gather_kernel(dev, params, grid, block):
         dev.write(ps[2] + 1500, np.frombuffer(s.to_bytes(8, "little"), np.uint8))
 
 
-def _measured(plan, init, kernel, with_diff, nonzero=None):
+def _measured(plan, init, kernel, with_diff, nonzero=None, faults=None):
     """As `replay.forward._run_job`: a poisoned span's fault ends the device, the launch is measured
-    again on a fresh one with that span counted as read."""
+    again on a fresh one with that span counted as read (`faults`: a list the faulted spans go to)."""
     faulted: set = set()
     while True:
         dev = CpuGpu(kernel, with_diff)
         try:
             res, changes = measure_in_context(dev, plan, [x.copy() for x in init], True, faulted=frozenset(faulted),
                                               nonzero=nonzero)
+            if faults is not None:
+                faults.extend(sorted(faulted))
             return res, _full(init, changes), dev
         except Faulted as f:
             assert f.span is not None and f.span not in faulted, "the baseline itself faulted"
             faulted.add(f.span)
 
 
-def test_an_index_read_shows_as_a_fault_and_the_gather_as_a_read():
+@pytest.mark.parametrize("bound,read_by", [(1 << 40, "output"), (1 << 16, "output"), (3, "fault")])
+def test_an_index_read_shows_by_output_inside_its_table_and_as_a_fault_past_it(bound, read_by):
+    """The first poison keeps every 8-byte word below 16: an index into a table of 16 rows or more
+    (a vocabulary, a rope cache) stays in range, so its read shows in the output and the device
+    is never lost to an assert (each loss is a new worker and the launch measured again). An
+    index whose table is smaller still trips the assert, and the fault counts as its read. The
+    output stays `out`: the poisoned index moved the write, but the output's own poisoned run is
+    judged on its writes and the baseline's, not on the moved write's bytes."""
+    from functools import partial
+
     n = 8192
     plan = _plan([n, n, n], [(0, 0), (1, 0), (2, 256)])
     init = [np.zeros(n, np.uint8), np.arange(n, dtype=np.uint64).astype(np.uint8)[:n], np.zeros(n, np.uint8)]
-    init[0][0] = 5
-    res, after, _ = _measured(plan, init, _gather_kernel, True)
+    init[0][0] = 2
+    faults: list = []
+    res, after, _ = _measured(plan, init, partial(_gather_kernel, bound=bound), True, faults=faults)
     got = {w.i: (w.direction, w.read_by) for w in res.words}
-    assert got[0] == ("in", "fault")          # poisoned indices tripped the assert
+    assert got[0] == ("in", read_by)
+    assert len(faults) == (read_by == "fault")
     assert got[1] == ("in", "output")
     assert got[2][0] == "out"
-    v = 5
+    v = 2
     assert np.array_equal(after[2][256 + 16 * (v % 4):256 + 16 * (v % 4) + 8], init[1][8 * v:8 * v + 8] + 1)
 
 
