@@ -67,8 +67,8 @@ def poison(n: int, seed: int, kind: str) -> np.ndarray:
     """Seeded poison bytes: `small` (each 8-byte word a random value below 16, read as i64 or as
     two i32s: an index into any table of 16 or more rows stays in range), `random` (any byte),
     `random16` (each 4-byte lane a random value below 2^16: random bf16 halves, bounded
-    integers) or `ones` (0xFF: NaN as any float, -1 as any integer). The first n bytes of one array per (seed, kind), generated once at the largest
-    size asked (why: a forward replay poisons hundreds of spans of up to tens of MiB, and drawing
+    integers) or `ones` (0xFF: NaN as any float, -1 as any integer). The first n bytes of one
+    array per (seed, kind), generated once at the largest size asked (why: a forward replay poisons hundreds of spans of up to tens of MiB, and drawing
     each afresh was a tenth of its time); callers must not write into it."""
     if kind == "ones":
         return np.full(n, 0xFF, np.uint8)

@@ -145,7 +145,7 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
         res.deterministic = all(np.array_equal(a, b) for a, b in zip(after1, again))
         runs = [(fill0, after0), (fill1, after1)]
         poisoned: dict[tuple[int, int, int], list | str | None] = {}
-        own: dict[tuple[int, int, int], list] = {}      # a poisoned run's writes and the baseline's
+        reads: dict[tuple[int, int, int], bool] = {}    # the poison loop's judgement of its last run
         for span in s.spans:
             key = (span.region, span.lo, span.hi)
             if key in faulted:
@@ -164,8 +164,8 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
                     raise Faulted(key, str(exc)) from None
                 poisoned[key] = after
                 runs.append((fill, after))
-                own[key] = FL.written([(fill, after)] + runs[:2])
-                if FL.read_changed(after1, after, own[key], span):
+                reads[key] = FL.read_changed(after1, after, FL.written([(fill, after)] + runs[:2]), span)
+                if reads[key]:
                     break
         # written: changed from what was put there, in any run (a poisoned span shows a kernel
         # that scales its data in place, which the small fills hide)
@@ -175,7 +175,8 @@ def replay_one(gpu: Gpu, plan: LaunchPlan, reps: int = 20, judge_reads: bool = T
             # read: judged as the poison loop judged it, on the poisoned run's own writes (a run
             # with another span poisoned may have written elsewhere: not this span's read)
             key = (span.region, span.lo, span.hi)
-            read, how = FL.judged(after1, poisoned[key], own.get(key, wrote), span)
+            p = poisoned[key]
+            read, how = (None, "") if p is None else (True, "fault") if isinstance(p, str) else (reads[key], "output")
             m = wrote[span.region][span.lo:span.hi]
             shared = len({x.offset for x in plan.words if x.region == w.region}) > 1
             rg = FL.ranges(m)
