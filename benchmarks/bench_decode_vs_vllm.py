@@ -19,6 +19,10 @@ Each engine runs in a child process of its own, so neither allocator sees the ot
   serving loop that keeps tokens on the device. Also the host loop of `mine compare` (inputs
   written from the host, logits read back, a sync a step) over `--new` steps, and the GPU busy
   per step from torch.profiler over 50 replayed steps.
+- both: the per-kernel table of a decode step (`decode_kernels`: device microseconds a step by
+  kernel name, largest first; vLLM's from the profiled 1 + new run less the 1-token run) and,
+  with `--long-prompt N`, the warm time to the first token of an N-token prompt and the prefill
+  tokens/s it gives (kern: the prefill program in chunks of its rows, then one decode).
 `REF` (a `mine reference` of the checkpoint) is what `compare.run.prepare` checks each manifest
 against before it is loaded: the same checks `mine compare` makes.
 """
@@ -60,7 +64,33 @@ def _kernel_us(prof) -> float | None:
         return None
 
 
-def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path) -> None:
+def _per_kernel(prof) -> dict[str, float] | None:
+    """kernel name -> device microseconds a torch.profiler run recorded for it (all its launches),
+    None when this torch's profiler exposes no device events."""
+    from torch.autograd import DeviceType
+
+    out: dict[str, float] = {}
+    try:
+        for e in prof.events():
+            if e.device_type == DeviceType.CUDA:
+                out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us()
+    except (AttributeError, TypeError):
+        return None
+    return out
+
+
+def _table(total: dict | None, base: dict | None, steps: int, top: int = 25) -> list | None:
+    """The per-step kernel table: (name, us a step, launches unknown) rows, largest first, of
+    `total` less `base` (a run with fewer steps) over `steps`."""
+    if total is None:
+        return None
+    base = base or {}
+    rows = [(k, (v - base.get(k, 0.0)) / steps) for k, v in total.items()]
+    rows = sorted((r for r in rows if r[1] > 0.05), key=lambda r: -r[1])
+    return [{"kernel": k[:160], "us_per_step": round(v, 2)} for k, v in rows[:top]]
+
+
+def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path, long_len: int = 0) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
@@ -82,18 +112,32 @@ def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path) -> None:
     for _ in range(3):
         t1, tn = gen(1), gen(1 + new)
         runs.append((tn - t1) / new * 1e6)
-    busy = {}
+    busy, kernels = {}, {}
     for n in (1, 1 + new):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             gen(n)
             torch.cuda.synchronize()
-        busy[n] = _kernel_us(prof)
-    out.write_text(json.dumps({"engine": f"vllm {mode}", "decode_step_us": statistics.median(runs),
-                               "decode_step_us_runs": runs, "gpu_busy_us": (busy[1 + new] - busy[1]) / new if None not in busy.values() else None,
-                               "prompt_len": plen, "new": new}))
+        busy[n], kernels[n] = _kernel_us(prof), _per_kernel(prof)
+    row = {"engine": f"vllm {mode}", "decode_step_us": statistics.median(runs),
+           "decode_step_us_runs": runs, "gpu_busy_us": (busy[1 + new] - busy[1]) / new if None not in busy.values() else None,
+           "prompt_len": plen, "new": new, "decode_kernels": _table(kernels[1 + new], kernels[1], new)}
+    if long_len:
+        # time to first token of a long prompt, warm (median of 3 after one): prefill tokens/s
+        long_ids = _prompt(ckpt, long_len)
+        one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+
+        def first():
+            t0 = time.perf_counter()
+            llm.generate([{"prompt_token_ids": long_ids}], one, use_tqdm=False)
+            return time.perf_counter() - t0
+
+        first()
+        ttft = statistics.median([first() for _ in range(3)])
+        row.update({"long_prompt": long_len, "ttft_ms": ttft * 1e3, "prefill_tokens_per_s": long_len / ttft})
+    out.write_text(json.dumps(row))
 
 
-def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path) -> None:
+def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path, long_len: int = 0) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -129,19 +173,39 @@ def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path) -> 
             host.rt.run(s.decode, args)
         torch.cuda.synchronize()
     graph = setup.m["programs"][s.decode].get("graph", False)
-    out.write_text(json.dumps({"engine": f"kern {mdir}", "decode_step_us": step, "context": ctx, "graph": graph,
-                               "decode_calls": len(setup.m["programs"][s.decode].get("calls", [])),
-                               "host_loop_step_us": host_loop_us, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
-                               "prefill_ms": prefill_s * 1e3, "prefill_tokens": len(ids) - 1}))
+    row = {"engine": f"kern {mdir}", "decode_step_us": step, "context": ctx, "graph": graph,
+           "decode_calls": len(setup.m["programs"][s.decode].get("calls", [])),
+           "host_loop_step_us": host_loop_us, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
+           "prefill_ms": prefill_s * 1e3, "prefill_tokens": len(ids) - 1,
+           "decode_kernels": _table(_per_kernel(prof), None, 50)}
+    if long_len and long_len <= s.max_len:
+        # the long prompt through the prefill program in chunks of its rows, then its last token
+        # through decode (what the first token costs), warm: median of 3 after one
+        long_ids = _prompt(ckpt, long_len)
+
+        def first():
+            host.reset()
+            t0 = time.perf_counter()
+            host.prefill(long_ids[:-1])
+            host.decode(long_ids[-1], long_len - 1)
+            return time.perf_counter() - t0
+
+        first()
+        ttft = statistics.median([first() for _ in range(3)])
+        row.update({"long_prompt": long_len, "ttft_ms": ttft * 1e3, "prefill_tokens_per_s": long_len / ttft,
+                    "prefill_chunk_rows": s.chunk})
+    elif long_len:
+        row["long_prompt_error"] = f"the manifest serves at most {s.max_len} positions"
+    out.write_text(json.dumps(row))
 
 
 def main() -> None:
     if sys.argv[1] == "--vllm-child":
         a = sys.argv[2:]
-        return run_vllm(a[0], a[1], int(a[2]), int(a[3]), Path(a[4]))
+        return run_vllm(a[0], a[1], int(a[2]), int(a[3]), Path(a[4]), int(a[5]))
     if sys.argv[1] == "--kern-child":
         a = sys.argv[2:]
-        return run_kern(a[0], a[1], a[2], int(a[3]), int(a[4]), Path(a[5]))
+        return run_kern(a[0], a[1], a[2], int(a[3]), int(a[4]), Path(a[5]), int(a[6]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt")
     ap.add_argument("ref")
@@ -150,16 +214,19 @@ def main() -> None:
     ap.add_argument("--manifest", action="append", default=[], help="NAME=DIR (repeatable)")
     ap.add_argument("--prompt-len", type=int, default=175)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--long-prompt", type=int, default=0,
+                    help="also time the first token of a prompt this long (prefill tokens/s); 0: not")
     a = ap.parse_args()
     rows = {}
     v = a.out.with_suffix(".vllm.json")
-    r = subprocess.run([sys.executable, __file__, "--vllm-child", a.ckpt, a.mode, str(a.prompt_len), str(a.new), str(v)])
+    r = subprocess.run([sys.executable, __file__, "--vllm-child", a.ckpt, a.mode, str(a.prompt_len), str(a.new), str(v),
+                        str(a.long_prompt)])
     rows["vllm"] = json.loads(v.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
     for spec in a.manifest:
         name, _, mdir = spec.partition("=")
         k = a.out.with_suffix(f".{name}.json")
         r = subprocess.run([sys.executable, __file__, "--kern-child", a.ckpt, a.ref, mdir, str(a.prompt_len),
-                            str(a.new), str(k)])
+                            str(a.new), str(k), str(a.long_prompt)])
         rows[name] = json.loads(k.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
     base = rows["vllm"].get("decode_step_us")
     for name, row in rows.items():

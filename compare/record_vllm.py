@@ -41,7 +41,7 @@ def read_prompts(path: Path, vocab: int) -> list[list[int]]:
     return doc
 
 
-def _snapshot_now() -> None:
+def snapshot_now() -> None:
     """Under `mine capture` with MINE_CAPTURE_SNAPSHOT_SIGNAL=1: ask for the device snapshot now,
     when the engine has loaded its weights and run its warm-up, before the first request
     (docs/dump-format.md "Snapshot"; `mine compile --weights` binds weights by those bytes). Only
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
               skip_tokenizer_init=True, gpu_memory_utilization=a.gpu_memory_utilization,
               max_model_len=a.max_model_len, seed=0, max_logprobs=max(20, a.top_k))
     start_s = time.time() - t0
-    _snapshot_now()
+    snapshot_now()
     params = SamplingParams(max_tokens=a.new, temperature=0.0, detokenize=False, logprobs=a.top_k, ignore_eos=True)
     reqs = []
     for ids in prompts:

@@ -5,9 +5,12 @@ decided per address, from evidence in this order (each decision records what it 
 provenance, `Decision.because`):
 
 1. **state** -- the analysis calls the word `kv_pool` (same address in every forward, one per
-   layer, shared by two kernels of the layer, a large region): memory that persists across
-   forwards and is written at positions (KV pages). One fixed-size state per allocation, the
-   allocation's size; calls pass it at the word's offset.
+   layer, shared by two kernels of the layer, a large region), or the address is one in every
+   forward, only one layer's calls use it, the same kernel word of another layer holds another,
+   and a call writes it: memory that persists across forwards
+   and is written at positions (KV pages; a small cache shares its allocation with activations, so
+   the region rule misses it). One fixed-size state per allocation, the allocation's size; calls
+   pass it at the word's offset.
 2. **input** -- a host-staging launch (compiler.launches) touches the address: the host's data
    arrives there before the forward; or the address's first use in the program is a measured read
    (replay flow) that nothing earlier in the program wrote. Written later by a call: kind `inout`.
@@ -18,8 +21,9 @@ provenance, `Decision.because`):
 4. **workspace** -- everything else: the forward's activations. One buffer per allocation, laid
    out exactly as the engine laid it out (its offsets are the engine's liveness-based reuse), from
    the lowest word to the highest word's extent.
-5. **output** -- the last range the program writes (direction `out`) that no later call reads:
-   the last buffer written, a buffer of its own.
+5. **output** -- the last range the program writes (direction `out`) that no later call reads
+   (the writing call's own other words at the address do not count): the last buffer written, a
+   buffer of its own.
 
 Directions: measured (`flow`, replay/flow.py) when `in`/`out`/`inout`; a GEMM's operands `in` and
 its output `out`; otherwise from the class -- weights and inputs `in`, states `inout`, and a
@@ -205,6 +209,7 @@ def classify(progs: list[Program], doc: AnalysisDoc, changing: frozenset = froze
     # a GEMM's x is its activation operand (m rows: compiler.externs): never a weight, whatever
     # role the analysis gave an address an earlier call of the layer passed it at
     not_weight = written | {u.value for us in all_uses.values() for u in us if u.operand == "x"} | set(changing)
+    layer_owned = _layer_owned(progs, all_uses, stable)
     dec: dict[int, Decision] = {}
     for p in progs:
         sites = {k: st.launch.site for k, st in enumerate(p.rep.steps)}
@@ -223,6 +228,14 @@ def classify(progs: list[Program], doc: AnalysisDoc, changing: frozenset = froze
                 dec[u.value] = Decision("state", f"analysis role kv_pool at {sites[u.step]} param {u.i}")
                 continue
             fixed = fixed_(rec)
+            if fixed and u.value in layer_owned and u.value in written and u.value not in gemm_words:
+                dec[u.value] = Decision("state", f"one address in every forward, used by layer "
+                                                 f"{layer_owned[u.value]}'s calls only, where the same kernel "
+                                                 f"of another layer passes another, and written "
+                                                 f"({sites[u.step]} param {u.i}): per-layer memory a forward "
+                                                 f"writes, which persists (a KV cache too small for the "
+                                                 f"analysis' kv_pool region)")
+                continue
             if staged.get((p.name, u.value), 1 << 62) <= first[u.value].step:
                 dec.setdefault(u.value, Decision("input", "a host-staging launch of the forward touches it"))
                 continue
@@ -233,16 +246,60 @@ def classify(progs: list[Program], doc: AnalysisDoc, changing: frozenset = froze
     return all_uses, dec
 
 
-def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozenset()
+def _logits_rows(u: Use, p: Program, rows_of: dict, vocab: int | None, bound: int) -> tuple | None:
+    """(rows, vocab) where the in-order replay measured the output's call writing exactly `vocab`
+    bf16 values a row in a forward of any program (a decode's logits from the prefill's write:
+    graph-replayed decodes are not measured one by one), and the program's rows of them fit the
+    word's extent; else None. Why: a logits projection that is no cuBLASLt GEMM (a Triton kernel)
+    has no m and n to read, and a host reads the output as rows over the vocabulary
+    (compare.serving); a write of exactly the vocabulary per row is that, and never less than
+    what the call writes at the program's rows."""
+    f = u.flow
+    if not vocab or f is None or f.context != "in-order" or f.written_bytes <= 0 or not rows_of.get(f.seq):
+        return None
+    if f.written_bytes != rows_of[f.seq] * vocab * 2 or p.rep.tokens * vocab * 2 > bound:
+        return None
+    return (p.rep.tokens, vocab)
+
+
+def _layer_owned(progs: list[Program], all_uses: dict, stable: dict) -> dict[int, int]:
+    """address -> layer, for addresses every use of which is a call of one layer, where the same
+    kernel's same word in another layer holds another address that layer alone uses. Why: that is
+    per-layer memory (a layer's weights, its KV cache); the activations an engine passes through
+    every layer are used by several. Keyed by kernel symbol and word, not by the analysis' position
+    in the layer block, so a stack of layers of two kinds cannot mix them."""
+    layers: dict[int, set] = {}
+    by_word: dict[tuple, set] = {}
+    for p in progs:
+        for u in all_uses[p.name]:
+            st = p.rep.steps[u.step]
+            rec = stable.get((st.launch.site, u.i, u.at))
+            layer = rec.layer if rec is not None and rec.layer is not None and rec.layer >= 0 else -1
+            layers.setdefault(u.value, set()).add(layer)
+            by_word.setdefault((st.launch.symbol, u.i, u.at), set()).add(u.value)
+    one = {a: next(iter(ls)) for a, ls in layers.items() if len(ls) == 1 and -1 not in ls}
+    out = {}
+    for addrs in by_word.values():
+        mine = [a for a in addrs if a in one]
+        if len({one[a] for a in mine}) >= 2:
+            out.update({a: one[a] for a in mine})
+    return out
+
+
+def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozenset(), vocab: int | None = None
            ) -> tuple[dict[str, Layout], dict[str, Decl]]:
     """Each program's Layout and the declarations (buffers and states) they share (`changing`:
-    see `classify`)."""
+    see `classify`; `vocab`: the checkpoint's vocabulary, to shape logits no GEMM wrote)."""
     all_uses, dec = classify(progs, doc, changing)
     spans = _spans([(u.value, u.base, u.alloc_size) for us in all_uses.values() for u in us]
                    + [(w.value, w.base, w.alloc_size) for p in progs for x in p.rep.staging for w in x.words])
     decls: dict[str, Decl] = {}
     named: dict[tuple, str] = {}
     layouts = {}
+    # seq -> rows of its forward, over every launch a program's forwards ran (a prefill's cut
+    # tail too: its logits were measured before the cut)
+    rows_of = {x.seq: s.tokens for q in progs for s in q.samples
+               for x in [y for st in s.steps for y in (st.launch, st.aux)] + list(s.tail) if x is not None}
     for p in progs:
         lay = Layout()
         us = all_uses[p.name]
@@ -305,14 +362,20 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
             else:
                 ws.setdefault(u.base, []).append(u)
         # the output: what the last writing call wrote, when nothing after it reads it
+        # (a read by the writing call itself -- a pointer it is passed twice, once to write --
+        # is no later read: only calls after it count)
         outs = []
         read_later: set = set()
-        for u in reversed(us):
+        read_here: set = set()
+        for k, u in enumerate(reversed(us)):
+            if k and u.step != us[len(us) - k].step:
+                read_later |= read_here
+                read_here = set()
             if u.direction == "out" and lay.decisions[u.value].kind == "workspace" and u.value not in read_later:
                 outs = [u]
                 break
             if u.direction in ("in", "inout"):
-                read_later.add(u.value)
+                read_here.add(u.value)
         # an allocation whose only words are the output's is no workspace (kern refuses an unused buffer)
         ws = {b: g for b, g in ws.items()
               if not (outs and all(u.value == outs[0].value and u.step >= outs[0].step for u in g))}
@@ -328,9 +391,14 @@ def layout(progs: list[Program], doc: AnalysisDoc, changing: frozenset = frozens
             name = f"{p.name}.out"
             ext = u.extent if u.extent is not None else spans[u.value]
             g = p.rep.steps[u.step].gemm if u.operand == "c" else None
-            decls[name] = Decl(name, "output", _round(ext), u.base, u.value - u.base,
-                               f"the last range the program writes (call {u.step}) that no later call reads",
-                               shape=(g.m, g.n) if g is not None and g.m * g.n * 2 == _round(ext) else ())
+            shape = (g.m, g.n) if g is not None and g.m * g.n * 2 == _round(ext) else ()
+            why = f"the last range the program writes (call {u.step}) that no later call reads"
+            lg = _logits_rows(u, p, rows_of, vocab, ext) if g is None else None
+            if lg is not None:
+                shape, ext = lg, lg[0] * lg[1] * 2
+                why += (f"; measured writing {lg[1]} bf16 values a row (the vocabulary): the logits, "
+                        f"[{lg[0]}, {lg[1]}]")
+            decls[name] = Decl(name, "output", _round(ext), u.base, u.value - u.base, why, shape=shape)
             for v in us:
                 if v.value == u.value and v.step >= u.step:
                     lay.where[(v.step, v.i, v.at)] = ("buf", name, 0)

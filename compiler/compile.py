@@ -157,7 +157,7 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
     # prefill programs end at their last state access before the layout is made: the launches
     # cut off must not size, type or classify a buffer
     notes = notes + programs.end_at_state(progs, *buffers.classify(progs, doc, changing))
-    layouts, decls = buffers.layout(progs, doc, changing)
+    layouts, decls = buffers.layout(progs, doc, changing, model.vocab if model is not None else None)
     _dtypes(layouts, decls, progs)
     for name, lay in layouts.items():
         if lay.short and not doc.flow:

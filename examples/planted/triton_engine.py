@@ -125,6 +125,32 @@ def attend_kernel(x, k_cache, v_cache, pos, T, H: tl.constexpr, BT: tl.constexpr
 
 
 @triton.jit
+def context_attend_kernel(x, k_cache, v_cache, pos, H: tl.constexpr, BJ: tl.constexpr, SCALE: tl.constexpr):
+    # causal softmax attention of each row over every cached position up to its own (serve.py):
+    # what a row sees depends on the whole KV history, so a wrong cache or position shows
+    row = tl.program_id(0)
+    p = tl.load(pos + row)
+    cols = tl.arange(0, H)
+    q = tl.load(x + row * H + cols).to(tl.float32)
+    m_i = tl.max(tl.zeros([BJ], dtype=tl.float32), axis=0) - 1e30
+    l_i = tl.sum(tl.zeros([BJ], dtype=tl.float32), axis=0)
+    acc = tl.zeros([H], dtype=tl.float32)
+    for start in range(0, p + 1, BJ):
+        js = start + tl.arange(0, BJ)
+        mj = js <= p
+        k = tl.load(k_cache + js[:, None] * H + cols[None, :], mask=mj[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_cache + js[:, None] * H + cols[None, :], mask=mj[:, None], other=0.0).to(tl.float32)
+        s = tl.where(mj, tl.sum(k * q[None, :], axis=1) * SCALE, -1e30)
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        e = tl.exp(s - m_new)
+        l_i = l_i * alpha + tl.sum(e, axis=0)
+        acc = acc * alpha + tl.sum(e[:, None] * v, axis=0)
+        m_i = m_new
+    tl.store(x + row * H + cols, (q + acc / l_i).to(tl.bfloat16))
+
+
+@triton.jit
 def argmax_kernel(logits, out, V: tl.constexpr):
     row = tl.program_id(0)
     v = tl.load(logits + row * V + tl.arange(0, V)).to(tl.float32)
@@ -142,7 +168,10 @@ def cdiv(a: int, b: int) -> int:
 
 class Engine:
     def __init__(self, kinds: list[str], hidden: int, vocab: int, inter: int, max_tokens: int,
-                 max_ctx: int, seed: int):
+                 max_ctx: int, seed: int, serving: bool = False):
+        # serving (serve.py): positions one per row, causal attention over the cache, and the
+        # forward ends at the logits (the host picks the token); else the mining suite's engine
+        self.serving = serving
         g = torch.Generator(device="cuda").manual_seed(seed)
         H, F = hidden, inter
         self.kinds, self.H, self.V, self.F = kinds, H, vocab, F
@@ -173,7 +202,11 @@ class Engine:
         self.ids = z(max_tokens, dt=torch.int32)
         self.out = z(max_tokens, dt=torch.int32)
         self.counter = z(1, dt=torch.int32)
-        self.pos = z(1, dt=torch.int32)
+        self.pos = z(max_tokens if serving else 1, dt=torch.int32)
+        self.weights = {"embed.weight": self.embed, "final_norm.weight": self.final_norm,
+                        "lm_head.weight": self.lm_head}
+        for i, _, w in self.layers:
+            self.weights.update({f"layers.{i}.{k}.weight": t for k, t in w.items()})
 
     def forward(self, T: int) -> None:
         H, F, V = self.H, self.F, self.V
@@ -185,7 +218,11 @@ class Engine:
             if kind == "gated":
                 kv_write_kernel[grid_t](self.x, self.kv[g, 0], self.pos, T, H=H, BT=BLOCK_T)
                 kv_write_kernel[grid_t](self.x, self.kv[g, 1], self.pos, T, H=H, BT=BLOCK_T)
-                attend_kernel[grid_t](self.x, self.kv[g, 0], self.kv[g, 1], self.pos, T, H=H, BT=BLOCK_T)
+                if self.serving:
+                    context_attend_kernel[(T,)](self.x, self.kv[g, 0], self.kv[g, 1], self.pos, H=H, BJ=32,
+                                                SCALE=H ** -0.5)
+                else:
+                    attend_kernel[grid_t](self.x, self.kv[g, 0], self.kv[g, 1], self.pos, T, H=H, BT=BLOCK_T)
                 g += 1
             proj_kernel[(T, F // 64)](self.x, w["up"], self.u, self.u, T, K=H, N=F, BN=64, ADD=False)
             if kind == "gated":
@@ -194,7 +231,8 @@ class Engine:
             proj_kernel[(T, H // 64)](self.a, w["down"], self.h, self.h, T, K=F, N=H, BN=64, ADD=True)
         norm_kernel[grid_t](self.h, self.final_norm, self.x, T, 1e-6, H=H, BT=BLOCK_T)
         proj_kernel[(T, V // 128)](self.x, self.lm_head, self.logits, self.logits, T, K=H, N=V, BN=128, ADD=False)
-        argmax_kernel[(T,)](self.logits, self.out, V=V)
+        if not self.serving:
+            argmax_kernel[(T,)](self.logits, self.out, V=V)
 
     def bookkeeping(self, T: int) -> None:
         step_stats_kernel[(1,)](self.counter, T)

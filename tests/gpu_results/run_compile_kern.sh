@@ -39,8 +39,10 @@ echo "replay rc=$? at $(el) s ($(cat "$out/targets.txt"))"
 fl=""; [ -s "$out/flow.json" ] && fl="--analysis $out/flow.json"; [ -s "$out/contents.json" ] && fl="$fl --contents $out/contents.json"
 python -m mine.cli compile "$DUMP" -o "$out/compiled" $fl --requests "$REF" --weights "$CKPT" --force > "$out/compile.log" 2>&1
 echo "compile rc=$? at $(el) s"
-python -m mine.cli gen qwen3 --dump "$DUMP" --config "$CKPT/config.json" -o "$out/gen" --weights "$CKPT" --force > "$out/gen.log" 2>&1
-echo "gen rc=$? at $(el) s"
+case " ${COMPARES:-gen} " in *" gen "*)
+  python -m mine.cli gen qwen3 --dump "$DUMP" --config "$CKPT/config.json" -o "$out/gen" --weights "$CKPT" --force > "$out/gen.log" 2>&1
+  echo "gen rc=$? at $(el) s" ;;
+esac
 # COMPARES (default "rows0 rows1 full gen"): rowsN = the compiled manifest with --prefill-rows N
 # (0: the prompt through decode), full = the compiled manifest as it is, gen = gen's; a fault that
 # only the full-row prefill shows is the prefill program's (mine compare --prefill-rows)
