@@ -28,6 +28,9 @@ pres = [k for k, f in enumerate(fw) if (f.get("tokens") or 0) > 1]
 # table of one entry reads like any small integer); default: the first serving prefill
 # TARGET=longest-decodes: the first and fourth decode after it only (the prefill runs unmeasured)
 t = os.environ.get("TARGET", "")
+if t.startswith("fw:"):  # TARGET=fw:113,116: these forwards, as given
+    print(" ".join(f"--forward {int(k)}" for k in t[3:].split(",")))
+    raise SystemExit
 pre = max(pres, key=lambda k: fw[k]["tokens"]) if t.startswith("longest") else pres[0]
 dec = [f for f in fw[pre + 1:pre + 5] if f.get("tokens") == 1]
 pick = [dec[0], dec[-1]] if t == "longest-decodes" else [fw[pre]] + dec[:3][-1:]
