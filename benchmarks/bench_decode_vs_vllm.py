@@ -23,6 +23,9 @@ Each engine runs in a child process of its own, so neither allocator sees the ot
   kernel name, largest first; vLLM's from the profiled 1 + new run less the 1-token run) and,
   with `--long-prompt N`, the warm time to the first token of an N-token prompt and the prefill
   tokens/s it gives (kern: the prefill program in chunks of its rows, then one decode).
+- kern also: the greedy decode with its loop on the device (`KernHost.decode_on_device`: the
+  argmax fed back into the token input, positions advanced on the device, one sync at the end),
+  `device_loop_step_us`, and whether its tokens equal the host loop's.
 `REF` (a `mine reference` of the checkpoint) is what `compare.run.prepare` checks each manifest
 against before it is loaded: the same checks `mine compare` makes.
 """
@@ -152,11 +155,24 @@ def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path, lon
     host.prefill(ids[:-1])
     prefill_s = time.perf_counter() - t0
     tok, pos = ids[-1], len(ids) - 1
+    host_tokens = []
     t0 = time.perf_counter()
     for _ in range(new):
         z = host.decode(tok, pos)
         tok, pos = int(torch.argmax(z).item()), pos + 1
+        host_tokens.append(tok)
     host_loop_us = (time.perf_counter() - t0) / new * 1e6
+    # the same greedy decode with the loop on the device (KernHost.decode_on_device), warm: the
+    # prompt prefilled again each time, timed from the first enqueue to the tokens read back
+    dev = {}
+    for _ in range(2):
+        host.reset()
+        host.prefill(ids[:-1])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dev_tokens = host.decode_on_device(ids[-1], len(ids) - 1, new)
+        dev = {"device_loop_step_us": (time.perf_counter() - t0) / new * 1e6,
+               "device_loop_tokens_equal_host_loop": dev_tokens == host_tokens}
     ctx = plen + new // 2
     host._feed([tok], ctx - 1)
     args = {"rows": 1, "seqs": 1} if "seqs" in setup.m.get("vars", {}) else {"rows": 1}
@@ -175,7 +191,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path, lon
     graph = setup.m["programs"][s.decode].get("graph", False)
     row = {"engine": f"kern {mdir}", "decode_step_us": step, "context": ctx, "graph": graph,
            "decode_calls": len(setup.m["programs"][s.decode].get("calls", [])),
-           "host_loop_step_us": host_loop_us, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
+           "host_loop_step_us": host_loop_us, **dev, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
            "prefill_ms": prefill_s * 1e3, "prefill_tokens": len(ids) - 1,
            "decode_kernels": _table(_per_kernel(prof), None, 50)}
     if long_len and long_len <= s.max_len:
@@ -216,12 +232,17 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--long-prompt", type=int, default=0,
                     help="also time the first token of a prompt this long (prefill tokens/s); 0: not")
+    ap.add_argument("--skip-vllm", action="store_true",
+                    help="time kern only (a manifest of a program vLLM does not serve)")
     a = ap.parse_args()
     rows = {}
-    v = a.out.with_suffix(".vllm.json")
-    r = subprocess.run([sys.executable, __file__, "--vllm-child", a.ckpt, a.mode, str(a.prompt_len), str(a.new), str(v),
-                        str(a.long_prompt)])
-    rows["vllm"] = json.loads(v.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
+    if a.skip_vllm:
+        rows["vllm"] = {"skipped": "--skip-vllm: no ratio to vLLM in this run"}
+    else:
+        v = a.out.with_suffix(".vllm.json")
+        r = subprocess.run([sys.executable, __file__, "--vllm-child", a.ckpt, a.mode, str(a.prompt_len), str(a.new),
+                            str(v), str(a.long_prompt)])
+        rows["vllm"] = json.loads(v.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
     for spec in a.manifest:
         name, _, mdir = spec.partition("=")
         k = a.out.with_suffix(f".{name}.json")

@@ -80,6 +80,33 @@ class KernHost:
         lg = self.logits_v.view(-1, self.s.vocab)
         return lg[0].float().clone()  # decode runs one row: row 0 is the last row fed either way
 
+    def decode_on_device(self, token: int, position: int, steps: int) -> list[int]:
+        """Greedy decode of `steps` tokens from `token` at `position` with the loop on the device:
+        each step's decode program is enqueued after the host stream's work (kern's
+        `enqueue_after`), the argmax of its logits is written into the token input and the
+        position, slot and sequence length advance by one on the device, so no step waits for the
+        host; one synchronization at the end reads the tokens back. Why: a host loop that reads
+        the logits back and writes the next inputs pays a round trip a step, which is what keeps
+        an engine's GPU idle (docs/benchmarks.md, session 20). Slots follow positions, as `_feed`
+        lays a sequence's pages out."""
+        torch, v, s = self.torch, self.v, self.s
+        self._feed([token], position)
+        stream = torch.cuda.current_stream()
+        out = torch.empty(steps, dtype=torch.int64, device=v["token"].device)
+        args = {"rows": 1, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": 1}
+        logits = self.logits_v.view(-1, s.vocab)[0]
+        tok = v["token"].view(-1)[:1]
+        moving = [v[f].view(-1)[:1] for f in ("position", "slot", "seq_len") if f in v]
+        for k in range(steps):
+            self.rt.enqueue_after(s.decode, args, stream.cuda_stream)
+            nxt = torch.argmax(logits)
+            out[k] = nxt
+            tok.copy_(nxt)
+            for t in moving:
+                t.add_(1)
+        torch.cuda.synchronize()
+        return out.tolist()
+
     def next_token(self) -> int:
         """The manifest's own greedy choice after the last decode (its `tokens` output)."""
         if self.next_v is None:
