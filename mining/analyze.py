@@ -222,7 +222,9 @@ def analyze(dump: Dump, gap_ms: float | None = None, per_forward: int | None = N
     distinct = sorted(set(ref.tokens.tolist()))
     holdout = distinct[len(distinct) // 2] if len(distinct) >= 3 else None
     words = P.pointer_words(dump.params, sites.table)
-    ptrs, strides = P.classify(words, sites.index)
+    model = layers[0] if layers else {}
+    kinds = [k["kind"] for k in model.get("kinds", []) for _ in range(int(k["count"]))]
+    ptrs, strides = P.classify(words, sites.index, kinds or None)
     views = P.views(words)
     fitter = _Fitter(env, holdout) if ref.symbol else None
     fits = _fit_table(dump, sites, fitter) if fitter else pd.DataFrame()

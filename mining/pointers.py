@@ -16,6 +16,9 @@ the address behaves across forwards and layers:
   layers at least KV_REGION apart in one): small per-layer tensors two kernels share (KV scales)
   are weights;
 - weight: stable and different per layer otherwise;
+  "different per layer" is judged among the layers of one block kind (a stack of dense layers
+  before gated ones holds two), since position k of two kinds is two different kernels; in a
+  kind of one layer, a word is the layer's own when no other layer's word holds its address;
 - input: stable, shared (not per layer), in a small allocation (<= 16 MiB) that the forward's head
   kernels (those before the first layer) also point into;
 - persistent: any other stable pointer (weights outside the layers, tables, state).
@@ -47,9 +50,12 @@ def pointer_words(params: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return p[anyptr]
 
 
-def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def classify(p: pd.DataFrame, index: pd.DataFrame, layer_kinds: list[str] | None = None
+             ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pointer table: one row per site parameter word, per-layer stride table) from the pointer
-    words of `pointer_words`."""
+    words of `pointer_words`. `layer_kinds`: the block kind of each layer in order (a stack of
+    dense layers before gated ones: B, A, A, A); the same position in two kinds of layer is two
+    different kernels, so per-layer behaviour is judged within a kind. None: one kind."""
     if p.empty:
         cols = ["site", "symbol", "layer", "pos", "i", "at", "role", "forwards", "ptr_forwards",
                 "addresses", "buffer_id", "alloc_base", "alloc_size", "offset", "value"]
@@ -71,12 +77,22 @@ def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     out.loc[out["ptr_forwards"] < out["forwards"], "role"] = "maybe_pointer"
     stable = out["role"] == "persistent"
 
-    # per-layer behaviour of stable words, keyed by (position in the layer block, param, word)
+    # per-layer behaviour of stable words, keyed by (layer kind, position in the layer block,
+    # param, word)
     inlayer = stable & (out["layer"] >= 0)
-    key = ["pos", "i", "at"]
+    kinds = dict(enumerate(layer_kinds or []))
+    out["kind"] = [kinds.get(int(x), "") if x >= 0 else "" for x in out["layer"].fillna(-1)]
+    key = ["kind", "pos", "i", "at"]
     per = out[inlayer].groupby(key)["value"].nunique().rename("layer_addrs")
     out = out.join(per, on=key)
     per_layer = inlayer & (out["layer_addrs"] > 1)
+    # a kind with one layer has no other layer to differ from: there a word is the layer's own
+    # when no other layer's word holds its address (activations pass through every layer)
+    alone = {k for k in set(kinds.values()) if list(kinds.values()).count(k) == 1}
+    if alone:
+        owners = out[inlayer].groupby("value")["layer"].nunique()
+        own = out["value"].map(owners).fillna(0) == 1
+        per_layer = per_layer | (inlayer & out["kind"].isin(alone) & own)
     users = _users(ptr_rows, out[inlayer])
     out = out.join(users, on=["layer", "value"])
     if per_layer.any():
@@ -94,7 +110,7 @@ def classify(p: pd.DataFrame, index: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     shared = stable & ~per_layer
     is_input = shared & out["buffer_id"].isin(head_ids) & (out["alloc_size"] <= SMALL_ALLOC)
     out.loc[is_input, "role"] = "input"
-    out = out.drop(columns=["layer_addrs", "users", "first_seq", "region"])
+    out = out.drop(columns=["layer_addrs", "users", "first_seq", "region", "kind"])
     return out, _strides(out)
 
 

@@ -227,6 +227,33 @@ def test_planted_weight_strides(name):
         assert set(kv["symbol"]) == {"kv_write_kernel", "attend_kernel"}
 
 
+@pytest.mark.parametrize("name", PLANTED)
+def test_planted_pointer_roles_in_a_stack_of_two_kinds(name):
+    """Each layer kernel's weight words (the pointer params the truth's flow leaves out) have the
+    role weight, and its activation words (the residual stream, the normed input, the MLP
+    activations and the staged position, which every layer shares) never do. Why: position k of a
+    dense layer and position k of a gated one are different kernels; judged together, a shared
+    activation looks like a per-layer address (tri_serve showed every activation as a weight)."""
+    a, truth = analysed(name)
+    flow = truth["flow"]
+    p = a.pointers
+    roles = {(r.site, int(r.i)): r.role for r in p.itertuples()}
+    idx = a.sites.index
+    checked = 0
+    for layer, kind in enumerate(truth["layer_kinds"]):
+        sites = idx[idx["layer"] == layer].sort_values("pos")["site"].tolist()
+        for site, params in zip(sites, flow["layer"][kind]):
+            ptr_params = sorted({i for (s_, i) in roles if s_ == site})
+            for i in ptr_params:
+                name_ = params.get(str(i))
+                if name_ is None:
+                    assert roles[(site, i)] == "weight", (layer, site, i, roles[(site, i)])
+                elif name_ not in flow["per_layer"]:
+                    assert roles[(site, i)] not in ("weight", "kv_pool"), (layer, site, i, name_)
+                checked += 1
+    assert checked > 4 * len(truth["layer_kinds"])
+
+
 @pytest.mark.parametrize("name", [n for n in VLLM_EAGER if n != "q1e"])
 def test_vllm_weights_and_kv_strides(name):
     """In vLLM eager, the KV pool is found in every layer at one constant stride, used by two
