@@ -84,6 +84,26 @@ def capture_phase_end(graphs: pd.DataFrame) -> int | None:
     return int(ends.max()) if len(ends) else None
 
 
+def _trim_at_capture_phase(forward: np.ndarray, b: pd.DataFrame, t: np.ndarray, phase_end: int | None) -> int:
+    """Leave out of a forward the head launches that ran before the graph-capture phase ended
+    when its layer stack ran after it (in place; the count left out). Why: the capture's own
+    launches are no forward, so what ran just before it (torch's graph set-up fills) and the next
+    request's prefill meet with no gap between them and are cut as one forward, which then
+    starts inside the start-up phase and is tagged start-up (tri_serve's first prefill)."""
+    if phase_end is None:
+        return 0
+    out = 0
+    for i, r in b.iterrows():
+        s, ss = int(r["start"]), int(r["stack_start"])
+        if t[s] <= phase_end < t[ss]:
+            new = min(max(int(np.searchsorted(t, phase_end, side="right")), s), ss)
+            head = forward[s:new]
+            head[head == i] = -1
+            b.at[i, "start"] = new
+            out += new - s
+    return out
+
+
 REQUEST_JUMP = 4.0   # how much longer than every shorter one the first between-request gap is
 
 
@@ -178,6 +198,10 @@ def find_forwards(launches: pd.DataFrame, folder=None, graphs: pd.DataFrame | No
     moved = _repair(codes, forward, np.zeros(n, np.int32))
     if moved:
         notes.append(f"{moved} launch(es) moved across a forward boundary (jitter)")
+    trimmed = _trim_at_capture_phase(forward, cuts.boundaries, t, phase_end)
+    if trimmed:
+        notes.append(f"{trimmed} launch(es) before the end of the graph-capture phase left out of the forward "
+                     f"whose layers ran after it")
     layer, pos, patterns = steps.layer_map(n, blocks, cuts)
     b = cuts.boundaries
     req = _requests(t, b["start"].to_numpy(), b["end"].to_numpy(), b["start"].to_numpy(), learn_from=learn_from)

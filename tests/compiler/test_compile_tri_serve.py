@@ -89,3 +89,20 @@ def test_logits_rows_only_for_a_write_of_exactly_the_vocabulary_a_row():
     assert _logits_rows(use(33 * 4096 * 2, seq=6), prog, rows, 4096, 1 << 20) is None  # forward unknown
     big = SimpleNamespace(rep=SimpleNamespace(tokens=200))
     assert _logits_rows(use(33 * 4096 * 2), big, rows, 4096, 1 << 20) is None        # past the word's extent
+
+
+def test_every_request_step_is_a_serving_forward():
+    """The four prefills and their 7 decodes each, in order, are the serving forwards; the first
+    prefill too, which follows the decode graph's capture with no gap (torch's two set-up fills
+    before the capture once made it one start-up forward with them)."""
+    import lzma
+
+    from mining.analyze import analyze
+    from mining.load import load_dump
+
+    a = analyze(load_dump(FIX / "tri_serve.tar.xz", cache=False))
+    ref = json.loads(lzma.decompress((FIX / "tri_serve.ref.json.xz").read_bytes()))
+    want = [n for r in ref["requests"] for n in [len(r["prompt"])] + [1] * (len(r["output"]) - 1)]
+    serve = a.forwards[a.forwards["phase"] == "serve"]
+    assert serve["tokens"].astype(int).tolist() == want
+    assert any("graph-capture phase" in n for n in a.notes)
