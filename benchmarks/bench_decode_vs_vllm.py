@@ -175,7 +175,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path, lon
                "device_loop_tokens_equal_host_loop": dev_tokens == host_tokens}
     ctx = plen + new // 2
     host._feed([tok], ctx - 1)
-    args = {"rows": 1, "seqs": 1} if "seqs" in setup.m.get("vars", {}) else {"rows": 1}
+    args = host.vars(1)
     for _ in range(20):
         host.rt.run(s.decode, args)
     torch.cuda.synchronize()

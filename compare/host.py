@@ -55,8 +55,12 @@ class KernHost:
             flat[:n] = 1
         torch.cuda.synchronize()
 
+    def vars(self, rows: int) -> dict:
+        """The var values a program of this manifest runs one sequence of `rows` rows with."""
+        return {"rows": rows, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": rows}
+
     def _run(self, program: str, rows: int) -> None:
-        self.rt.run(program, {"rows": rows, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": rows})
+        self.rt.run(program, self.vars(rows))
         self.torch.cuda.synchronize()
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -93,7 +97,7 @@ class KernHost:
         self._feed([token], position)
         stream = torch.cuda.current_stream()
         out = torch.empty(steps, dtype=torch.int64, device=v["token"].device)
-        args = {"rows": 1, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": 1}
+        args = self.vars(1)
         logits = self.logits_v.view(-1, s.vocab)[0]
         tok = v["token"].view(-1)[:1]
         moving = [v[f].view(-1)[:1] for f in ("position", "slot", "seq_len") if f in v]

@@ -33,6 +33,8 @@ and what a compiler binds one buffer for, measured without reading memory.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -88,7 +90,7 @@ def classify(p: pd.DataFrame, index: pd.DataFrame, layer_kinds: list[str] | None
     per_layer = inlayer & (out["layer_addrs"] > 1)
     # a kind with one layer has no other layer to differ from: there a word is the layer's own
     # when no other layer's word holds its address (activations pass through every layer)
-    alone = {k for k in set(kinds.values()) if list(kinds.values()).count(k) == 1}
+    alone = {k for k, n in Counter(kinds.values()).items() if n == 1}
     if alone:
         owners = out[inlayer].groupby("value")["layer"].nunique()
         own = out["value"].map(owners).fillna(0) == 1

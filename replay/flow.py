@@ -168,13 +168,3 @@ def direction(wrote: bool, read: bool | None) -> str:
     if wrote:
         return "inout" if read else "out"
     return "in" if read else "unused"
-
-
-def judged(baseline: list[np.ndarray], poisoned, wrote: list[np.ndarray], span: Span) -> tuple[bool | None, str]:
-    """(read, how) of a span from its poisoned run: None (not run: reads not judged), "fault" (a
-    poisoned run faulted: the bytes steer addresses), or the memory it left (`read_changed`)."""
-    if poisoned is None:
-        return None, ""
-    if isinstance(poisoned, str):
-        return True, "fault"
-    return read_changed(baseline, poisoned, wrote, span), "output"

@@ -165,13 +165,16 @@ def _shared(plan: LaunchPlan) -> list[bool]:
 
 
 def _poison_loop(live: RN.Live, fill: RN.Fill, base: RN.Out, span: FL.Span, key, seed, faulted,
-                 runs: RN.Masks, base_masks: RN.Masks):
-    """Poison `span` (POISONS in order: small, bounded, any bytes, all ones) until a read shows: the last
-    Out, "fault" for a span whose run faulted in an earlier worker; a new fault raises
-    Faulted(key). A run's read is judged on its own writes and the baseline's in the span's region."""
+                 runs: RN.Masks, base_masks: RN.Masks) -> tuple[bool, str]:
+    """Poison `span` (POISONS in order: small, bounded, any bytes, all ones) until a read shows;
+    (read, how): "fault" for a span whose run faulted in an earlier worker, else "output" with
+    whether the last poisoned run showed a read; a new fault raises Faulted(key). A run's read is
+    judged on its own writes and the baseline's in the span's region, never on another run's (a
+    run with another span poisoned may write elsewhere -- an index moved a scatter -- and those
+    bytes, unwritten here, hold this span's poison: a read of nothing)."""
     if key in faulted:
-        return "fault"
-    got = None
+        return True, "fault"
+    read = False
     for kind in POISONS:
         fill_p = fill.with_poison(span.region, span.lo, FL.poison(span.hi - span.lo, seed, kind))
         try:
@@ -182,22 +185,10 @@ def _poison_loop(live: RN.Live, fill: RN.Fill, base: RN.Out, span: FL.Span, key,
             raise Faulted(key, str(exc)) from None
         mine = RN.Masks(len(fill.base)).add(got)
         runs.add(got)
-        if RN.read_changed(base, got, base_masks.merged_with(mine, span.region), span.region, span.lo, span.hi):
+        read = RN.read_changed(base, got, base_masks.merged_with(mine, span.region), span.region, span.lo, span.hi)
+        if read:
             break
-    return got
-
-
-def _judged(base: RN.Out, got, base_masks: RN.Masks, span: FL.Span) -> tuple[bool | None, str]:
-    """`replay.flow.judged` on `Out`s, by `_poison_loop`'s rule: the poisoned run's own writes and
-    the baseline's. Why not every run's writes: a run with another span poisoned may write
-    elsewhere (an index moved a scatter), and those bytes, unwritten here, hold this span's
-    poison: a read of nothing."""
-    if got is None:
-        return None, ""
-    if isinstance(got, str):
-        return True, "fault"
-    wrote = base_masks.merged_with(RN.Masks(len(base_masks.pieces)).add(got), span.region)
-    return RN.read_changed(base, got, wrote, span.region, span.lo, span.hi), "output"
+    return read, "output"
 
 
 def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: bool = True, seed: int = 1,
@@ -248,7 +239,7 @@ def measure_in_context(gpu, plan: LaunchPlan, init: list[np.ndarray], measure: b
             m, read, how = priv[k]
         else:
             m = dense[span.region][span.lo:span.hi]
-            read, how = _judged(after, got.get((span.region, span.lo, span.hi)), base_masks, span)
+            read, how = got.get((span.region, span.lo, span.hi), (None, ""))
         rg = FL.ranges(m)
         res.words.append(WordFlow(w.i, w.at, w.region, w.offset, int(m.sum()), len(rg), read, how,
                                   FL.direction(bool(m.any()), read), sh, bool(dense[w.region].any()), len(m),
@@ -275,9 +266,9 @@ def _private_flow(gpu, plan, k, given: RN.Fill, seed, faulted, judge) -> tuple[n
             return runs.dense(w.region, s.lengths[w.region])[w.offset:], None, ""
         span = FL.Span(w.region, w.offset, s.lengths[w.region])
         base_masks = RN.Masks(len(fill.base)).add(after)
-        g = _poison_loop(live, fill, after, span, ("private", plan.seq, k), seed, faulted, runs, base_masks)
+        judged = _poison_loop(live, fill, after, span, ("private", plan.seq, k), seed, faulted, runs, base_masks)
         m = runs.dense(w.region, s.lengths[w.region])[w.offset:]
-        return (m, *_judged(after, g, base_masks, span))
+        return (m, *judged)
     finally:
         gpu.free_all()
 

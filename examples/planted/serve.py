@@ -19,6 +19,7 @@ MINE_CAPTURE_SNAPSHOT_SIGNAL=1 it asks for the device snapshot after start-up.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,8 +36,6 @@ from generators import safetensors  # noqa: E402
 
 def write_checkpoint(eng: te.Engine, folder: Path, config: dict) -> None:
     """The engine's weight tensors as one safetensors file, with the config a serving host reads."""
-    import json
-
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, t in eng.weights.items():
