@@ -2,6 +2,7 @@
 
     python3 run_serve.py MODEL_DIR OUT_JSON [--mode eager|graph] [--port 30011] [--profile-dir DIR]
                          [--graph-args "..."] [--startup-timeout 240] [--stop-timeout 60] [--log FILE]
+                         [--reference REF.json [--top-k 20]] [--snapshot]
 
 The server's scheduler runs in a child process (multiprocessing, spawned); under `mine capture`
 every process that initializes CUDA gets its own `pid<N>/` folder and the scheduler's holds the
@@ -25,6 +26,14 @@ request to after the stop answer, around the profiled stretch (or around the pro
 --profile-dir), so a capture of the same run can be cut to what the profiler saw; each request
 also records when it was sent and answered.
 
+`--reference REF.json`: every request also asks for its top-k log-probabilities, and the answers
+are written as a `mine-reference/1` (compare/record_sglang.py): the run that was captured is the
+reference `mine compare` judges the compiled manifest against. `--snapshot` (under `mine capture`
+with MINE_CAPTURE_SNAPSHOT_SIGNAL=1): once the server is up, SIGUSR2 goes to every process of the
+server that has a folder in the capture (MINE_CAPTURE_DIR/pid<N>: its library is loaded and
+handles the signal), so the device snapshot that `mine compile --weights` binds weights by is
+taken after the weights are loaded and before the first request.
+
 Shutdown: SIGTERM to the server; its tokenizer manager drains and sends the scheduler a
 ShutdownReq, the scheduler leaves its loop and exits normally, so a capture library in it writes
 its exit records. Whatever of the server's process group is left after `--stop-timeout` seconds
@@ -47,6 +56,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vllm_qwen3"))
 from prompts import MAX_NEW_TOKENS, prompts  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from compare import record_sglang, reference  # noqa: E402
 
 SERVER_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
                "--skip-tokenizer-init", "--mem-fraction-static", "0.3", "--random-seed", "0",
@@ -135,6 +147,24 @@ def stop(server: subprocess.Popen, timeout: float) -> dict:
     return {"signal": "SIGTERM", "rc": server.returncode, "seconds": round(time.time() - t0, 1), "forced": forced}
 
 
+def signal_snapshot(server: subprocess.Popen) -> list[int]:
+    """SIGUSR2 to the server's processes that the capture library runs in (docstring: --snapshot)."""
+    root = os.environ.get("MINE_CAPTURE_DIR")
+    if not root or os.environ.get("MINE_CAPTURE_SNAPSHOT_SIGNAL") != "1":
+        raise RuntimeError("--snapshot needs `mine capture` with MINE_CAPTURE_SNAPSHOT_SIGNAL=1")
+    sent = []
+    for d in sorted(Path(root).glob("pid[0-9]*")):
+        pid = int(d.name[3:])
+        try:
+            if os.getpgid(pid) != server.pid:
+                continue
+            os.kill(pid, signal.SIGUSR2)
+            sent.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sent
+
+
 def find_trace(folder: Path) -> str | None:
     found = sorted(folder.glob(f"{PROFILE_ID}*.trace.json*"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     return str(found[-1]) if found else None
@@ -160,17 +190,22 @@ def serve(args, rec: dict) -> None:
         if isinstance(info, dict):
             info.pop("internal_states", None)
         rec["server_info"] = info if status == 200 else {"status": status, "answer": info}
+        if args.snapshot:
+            rec["snapshot_signalled"] = signal_snapshot(server)
         rec["window"] = {"clock": "CLOCK_MONOTONIC", "start_ns": time.monotonic_ns()}
         if args.profile_dir:
             status, ans = http(f"{base}/start_profile", {"output_dir": env["SGLANG_TORCH_PROFILER_DIR"],
                                                            "activities": ["GPU"], "with_stack": False,
                                                            "record_shapes": False, "profile_id": PROFILE_ID})
             rec["profile"] = {"start": {"status": status, "answer": ans}}
+        answers = []
         for ids in [[x % vocab for x in p] for p in prompts()]:
             t, t_ns = time.time(), time.monotonic_ns()
-            status, ans = http(f"{base}/generate", {"input_ids": ids, "sampling_params": {
-                "max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}})
+            body = record_sglang.request_body(ids, args.new, args.top_k) if args.reference else {
+                "input_ids": ids, "sampling_params": {"max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}}
+            status, ans = http(f"{base}/generate", body)
             out = ans.get("output_ids") if status == 200 and isinstance(ans, dict) else None
+            answers.append(ans)
             rec["requests"].append({"prompt": ids, "output": out, "seconds": round(time.time() - t, 3),
                                     "sent_ns": t_ns, "answered_ns": time.monotonic_ns(),
                                     **({} if out is not None else {"status": status, "answer": str(ans)[:500]})})
@@ -180,12 +215,32 @@ def serve(args, rec: dict) -> None:
             rec["profile"]["stop"] = {"status": status, "answer": ans}
             rec["profile"]["file"] = find_trace(Path(env["SGLANG_TORCH_PROFILER_DIR"]))
         rec["window"]["end_ns"] = time.monotonic_ns()
+        if args.reference and all(r["output"] is not None for r in rec["requests"]):
+            write_reference(args, [r["prompt"] for r in rec["requests"]], answers, rec)
     finally:
         rec["shutdown"] = stop(server, args.stop_timeout)
         if log:
             log.close()
         if args.pidfile:
             Path(args.pidfile).unlink(missing_ok=True)
+
+
+def write_reference(args, prompts_sent: list, answers: list, rec: dict) -> None:
+    """The run's answers as a mine reference (--reference); its checkpoint's fingerprint and engine."""
+    from compare import checkpoint
+    import importlib.metadata as md
+
+    try:
+        version = md.version("sglang")
+    except md.PackageNotFoundError:
+        version = "unknown"
+    made = {"engine_start_s": rec.get("startup_s"), "server_args": rec.get("server_args"),
+            "prompts": "examples/vllm_qwen3/prompts.py", "attention_backend": "triton"}
+    ref = record_sglang.reference_from_answers(prompts_sent, answers, checkpoint.config(Path(args.model)),
+                                               checkpoint.fingerprint(Path(args.model)), args.top_k,
+                                               f"sglang {version}", args.mode, made)
+    reference.write(ref, args.reference)
+    rec["reference"] = str(args.reference)
 
 
 def _terminated(signum, frame):
@@ -206,6 +261,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.5, help="seconds after the last answer the window lasts")
     ap.add_argument("--log", help="the server's stdout and stderr (default: this process's)")
     ap.add_argument("--pidfile", help="write the server's pid (its process group) here while it runs")
+    ap.add_argument("--reference", type=Path, help="write the answers' log-probabilities as a mine reference here")
+    ap.add_argument("--top-k", type=int, default=20, help="log-probabilities per position in --reference (20)")
+    ap.add_argument("--snapshot", action="store_true", help="signal the capture's device snapshot once the server is up")
     ap.add_argument("--server-module", default="sglang.launch_server", help=argparse.SUPPRESS)  # tests
     args = ap.parse_args()
     rec: dict = {"engine": "sglang", "mode": args.mode, "requests": []}
@@ -213,7 +271,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)   # a timeout stops the server before this exits
     try:
         serve(args, rec)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, reference.ReferenceError) as exc:
         error = str(exc)
     rec["error"] = error
     args.out.write_text(json.dumps(rec, indent=1))

@@ -22,6 +22,9 @@ import pytest
 
 from paths import ROOT
 
+from compare import checkpoint, reference
+from generators import safetensors
+
 EXAMPLE = ROOT / "examples" / "sglang_qwen3"
 sys.path.insert(0, str(ROOT / "examples" / "vllm_qwen3"))
 from prompts import MAX_NEW_TOKENS, prompts  # noqa: E402
@@ -63,7 +66,14 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/generate":
             ids = b["input_ids"]
             n = b["sampling_params"]["max_new_tokens"]
-            return self.reply(200, {"output_ids": [(sum(ids) + k) % 97 for k in range(n)], "meta_info": {}})
+            out = [(sum(ids) + k) % 97 for k in range(n)]
+            meta = {}
+            if b.get("return_logprob"):   # SGLang's shape: [logprob, token id, text] per entry, best first
+                k = b["top_logprobs_num"]
+                meta["output_token_logprobs"] = [[-0.5 - 0.01 * j, t, None] for j, t in enumerate(out)]
+                meta["output_top_logprobs"] = [[[-0.5 - 0.01 * j - 0.1 * r, (t + r) % 97, None] for r in range(k)]
+                                               for j, t in enumerate(out)]
+            return self.reply(200, {"output_ids": out, "meta_info": meta})
         if self.path == "/start_profile":
             state["profile"] = b
             return self.reply(200, None)
@@ -98,13 +108,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(tmp_path, *extra, stubborn=False, vocab=1000):
+def run(tmp_path, *extra, stubborn=False, vocab=1000, env_extra=None):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    (model / "config.json").write_text(json.dumps({"vocab_size": vocab, "model_type": "qwen3",
+                                                   "num_hidden_layers": 1, "hidden_size": 8}))
+    safetensors.write(model / "model.safetensors", {"w": ("BF16", [2, 4], bytes(range(16)))})
     (tmp_path / "fake_sglang.py").write_text(FAKE)
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               FAKE_LOG=str(tmp_path / "fake.log"), FAKE_STUBBORN="1" if stubborn else "0")
+               FAKE_LOG=str(tmp_path / "fake.log"), FAKE_STUBBORN="1" if stubborn else "0", **(env_extra or {}))
     out = tmp_path / "run.json"
     t0 = time.monotonic_ns()
     p = subprocess.run([sys.executable, str(EXAMPLE / "run_serve.py"), str(model), str(out), "--server-module",
@@ -147,6 +159,45 @@ def test_graph_mode_flags_and_no_profile(tmp_path):
     args = rec["server_args"]
     assert "--disable-cuda-graph" not in args and args[-2:] == ["--cuda-graph-max-bs", "2"]
     assert "profile" not in rec and not any(x["path"].endswith("_profile") for x in log)
+
+
+def test_reference_from_the_answers(tmp_path):
+    """--reference: every request asks for its top-k log-probabilities and the answers become a
+    mine reference whose prompts, outputs and per-position top-k are what the server said, with
+    the checkpoint's fingerprint; compare.reference reads it back."""
+    p, rec, log, _ = run(tmp_path, "--reference", str(tmp_path / "ref.json"), "--top-k", "5", "--new", "6")
+    assert p.returncode == 0, p.stderr
+    gens = [x["body"] for x in log if x["path"] == "/generate"]
+    assert all(g["return_logprob"] is True and g["top_logprobs_num"] == 5 for g in gens)
+    ref = reference.read(tmp_path / "ref.json")
+    assert ref.engine.startswith("sglang ") and ref.mode == "eager" and ref.top_k == 5
+    assert ref.checkpoint == checkpoint.fingerprint(tmp_path / "model")
+    assert [list(r.prompt) for r in ref.requests] == [r["prompt"] for r in rec["requests"]]
+    for r, q in zip(ref.requests, rec["requests"]):
+        assert list(r.output) == q["output"] and len(r.steps) == 6
+        for j, (tok, st) in enumerate(zip(r.output, r.steps)):
+            assert st.ids[0] == tok and st.ids == tuple((tok + k) % 97 for k in range(5))
+            assert st.logprobs[0] == pytest.approx(-0.5 - 0.01 * j)
+
+
+def test_snapshot_without_the_capture_is_one_sentence(tmp_path):
+    """--snapshot outside `mine capture` (no MINE_CAPTURE_DIR): SIGUSR2 would end a process without
+    the library's handler, so nothing is signalled and the run says why."""
+    p, rec, _, _ = run(tmp_path, "--snapshot")
+    assert p.returncode == 1
+    assert "--snapshot needs `mine capture`" in rec["error"]
+
+
+def test_snapshot_signals_only_the_server_processes_with_a_capture_folder(tmp_path):
+    """The processes signalled are those of the server's group whose pid has a folder in the
+    capture; a folder of another process (here this test's own pid) is left alone."""
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    (cap / f"pid{os.getpid()}").mkdir()
+    p, rec, _, _ = run(tmp_path, "--snapshot", env_extra={"MINE_CAPTURE_DIR": str(cap),
+                                                           "MINE_CAPTURE_SNAPSHOT_SIGNAL": "1"})
+    assert p.returncode == 0, p.stderr
+    assert rec["snapshot_signalled"] == []
 
 
 def test_stubborn_server_is_killed_and_said_so(tmp_path):
