@@ -28,6 +28,9 @@ def qwen3(
                                "run there are replaced, other files kept)."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="Checkpoint folder: check every bound tensor is there."),
     chunk: int = typer.Option(2048, help="Most rows one prefill call takes."),
+    max_seqs: int = typer.Option(1, "--max-seqs", help="Most sequences one call serves: decode runs up to this "
+                                 "many sequences a step (one token each), prefill packs up to this many prompts "
+                                 "(1: one sequence a call)."),
     pid: Optional[int] = typer.Option(None, help="Which process of a multi-process dump (default: most launches)."),
     kernels_toml: Path = typer.Option(ROOT / "kernels.toml", "--kernels-toml", show_default="kernels.toml of this "
                                       "repository", help="kernels.toml with the own kernels' pins."),
@@ -53,14 +56,15 @@ def qwen3(
     from vocab.errors import UsageError
 
     toml = kernels if kernels is not None else kernels_toml
-    check_inputs(dump, config, analysis, weights, chunk)
+    check_inputs(dump, config, analysis, weights, chunk, max_seqs)
     folder = OutFolder(out, force, inputs=[dump, config, analysis, toml, weights])
     with archive_named(dump):
         if tp:
             from generators.qwen3.tp import generate_tp
 
-            if pid is not None or analysis is not None or weights is not None:
-                raise UsageError("--tp reads every rank of the dump: it takes no --pid, --analysis or --weights")
+            if pid is not None or analysis is not None or weights is not None or max_seqs != 1:
+                raise UsageError("--tp reads every rank of the dump: it takes no --pid, --analysis, --weights "
+                                 "or --max-seqs")
             with progress(f"reading and lining up the ranks of {dump}"):
                 result = generate_tp(dump, config, folder, chunk=chunk, kernels_toml=toml, cache=not no_cache,
                                      cache_dir=cache_dir)
@@ -68,7 +72,8 @@ def qwen3(
                 typer.echo(line)
             return
         result = generate_qwen3(dump, config, folder, weights=weights, chunk=chunk, pid=pid, kernels_toml=toml,
-                                analysis=analysis, progress=progress, cache=not no_cache, cache_dir=cache_dir)
+                                analysis=analysis, progress=progress, cache=not no_cache, cache_dir=cache_dir,
+                                max_seqs=max_seqs)
     for line in result.lines():
         typer.echo(line)
 

@@ -21,50 +21,74 @@ from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION
 
 from generators.qwen3 import GENERATOR, VERSION
 from generators.qwen3.kernels import ptype
-from generators.qwen3.mined import Mined, WiringMismatch
+from generators.qwen3.mined import Mined, WiringMismatch, batched_decode
 
 GEMM = ("extern:cublaslt_bf16_tn", list(EXTERN_PARAMS["extern:cublaslt_bf16_tn"]))
 
 
-def _grid(role: str, cfg, mined: Mined, T):
-    """vLLM's grid for a role as a kern expression in the row count T (a var name or 1)."""
+def _grid(role: str, cfg, mined: Mined, T, S=None):
+    """vLLM's grid for a role as a kern expression in the row count T (a var name or 1); S: the
+    sequence-count var of a batched manifest (None: one sequence a call).
+
+    vLLM's attention launches floor(T / BLOCK_Q) + S query blocks (one block per BLOCK_Q rows plus
+    one per sequence); with one sequence that is ceil_div(T + 1, BLOCK_Q). floor with a second
+    variable is no kern expression (the closed set has no subtraction), so a batched manifest
+    launches ceil_div(T, BLOCK_Q) + S, at most one block more: the kernel's own guard returns at
+    once for a query block past its sequence's rows (its program looks the block's sequence up in
+    the query start offsets and leaves when the block starts past that sequence's query length)."""
     mul = (lambda e, c: e * c) if isinstance(T, int) else (lambda e, c: e if c == 1 else {"mul": [e, c]})
     block_q = cfg.block_q
     rows = {"in_norm": T, "add_norm": T, "rope": T, "silu": T, "cache": T,
             "q_norm": mul(T, cfg.heads), "k_norm": mul(T, cfg.kv_heads)}
     if role in rows:
-        y = mined.instances[("p" if not isinstance(T, int) else "d", role)][0].launches[0].grid[1]
+        y = mined.instances[("p" if T == "rows" else "d", role)][0].launches[0].grid[1]
         return [rows[role], y, 1]
+    q_blocks = {"add": [{"ceil_div": [T, block_q]}, S]} if S is not None else None
     if role == "attn":
+        if q_blocks:
+            return [q_blocks, cfg.kv_heads, 1]
         return [T // block_q + 1 if isinstance(T, int) else {"ceil_div": [{"add": [T, 1]}, block_q]}, cfg.kv_heads, 1]
     if role == "attn3d":
-        return [T // block_q + 1, cfg.kv_heads, mined.segments]
+        return [q_blocks or T // block_q + 1, cfg.kv_heads, mined.segments]
     if role == "reduce":
         return [T, cfg.heads, 1]
     raise KeyError(role)
 
 
-def _eval(e, t: int) -> int:
-    """A grid expression's value with its row var at `t`, by the shared evaluator (unchecked:
-    the comparison with the mined grid is the check)."""
+def _eval(e, t: int, seqs: int | None = None) -> int:
+    """A grid expression's value with its row var at `t` (and `seqs`, where given, for the sequence
+    var), by the shared evaluator (unchecked: the comparison with the mined grid is the check)."""
     tree = from_wire(e)
-    return evaluate(tree, dict.fromkeys(var_names(tree), t), checked=False)
+    values = dict.fromkeys(var_names(tree), t)
+    if seqs is not None and "seqs" in values:
+        values["seqs"] = seqs
+    return evaluate(tree, values, checked=False)
+
+
+def _grid_agrees(grid: list, x, batched: bool) -> bool:
+    """Whether a written grid gives the launch's captured grid at its rows and sequences: exactly;
+    a batched manifest's attention x may be one block more (`_grid`'s docstring)."""
+    if not batched:
+        return [_eval(g, x.tokens) for g in grid] == list(x.grid)
+    got = [_eval(g, x.tokens, x.seqs) for g in grid]
+    return got[1:] == list(x.grid[1:]) and (got[0] == x.grid[0] or
+                                            (isinstance(grid[0], dict) and "add" in grid[0] and got[0] == x.grid[0] + 1))
 
 
 class Op:
     """One manifest op made from one or more mined instances; `args(**roles)` wires a call."""
 
-    def __init__(self, name: str, insts: list, scratch: dict, cfg, mined: Mined, T):
-        self.name, self.iface, self.kinds, self.scalars = name, [], {}, []
+    def __init__(self, name: str, insts: list, scratch: dict, cfg, mined: Mined, T, S=None):
+        self.name, self.iface, self.kinds, self.scalars, self.T = name, [], {}, [], T
         launches = []
         for role, inst in insts:
-            grid = _grid(role, cfg, mined, T)
+            grid = _grid(role, cfg, mined, T, S)
             for x in inst.launches:
-                if x.seqs != 1:
+                if x.seqs != 1 and S is None:
                     continue  # a batched warm-up: its grid was proved by `mined._seqs`
-                if [_eval(g, x.tokens) for g in grid] != list(x.grid):
+                if not _grid_agrees(grid, x, S is not None):
                     raise WiringMismatch(f"{x.site()}: grid {list(x.grid)}, but vLLM's launch rule the generator "
-                                         f"writes gives {[_eval(g, x.tokens) for g in grid]}")
+                                         f"writes gives {[_eval(g, x.tokens, x.seqs) for g in grid]}")
             params, args = [], []
             for i, size in enumerate(inst.sizes):
                 if i in inst.family.ptrs:
@@ -101,6 +125,9 @@ class Op:
                       "params": params, "args": args, "_sha": inst.sha256}
             if inst.when is not None and not isinstance(T, int):
                 lo, hi = inst.when
+                if T != "rows":
+                    raise WiringMismatch(f"{inst.launches[0].site()}: a build split by rows where the row count "
+                                         f"is the var {T}")
                 launch["when"] = {"var": T, "min": lo, **({"max": hi} if hi is not None else {})}
             if inst.smem:
                 launch["shared_mem"] = inst.smem
@@ -119,12 +146,13 @@ class Op:
         if missing:
             raise KeyError(f"op {self.name}: no argument for {missing}")
         out = [roles[r] for r in self.iface]
+        T = self.T if isinstance(self.T, str) else "rows"
         for key, typ, a, b in self.scalars:
             if key == "seqs":
                 out.append({"var": "seqs"})
                 continue
-            out.append({"expr": {"add": [{"mul": ["rows", a]}, b]}} if b else
-                       ({"var": "rows"} if a == 1 else {"expr": {"mul": ["rows", a]}}))
+            out.append({"expr": {"add": [{"mul": [T, a]}, b]}} if b else
+                       ({"var": T} if a == 1 else {"expr": {"mul": [T, a]}}))
         return json.dumps(out)
 
 
@@ -173,19 +201,28 @@ def _variants(mined: Mined, phase: str, role: str) -> list:
     return [(role, inst) for inst in mined.instances[(phase, role)]]
 
 
-def _ops(cfg, mined: Mined, phase: str) -> dict:
-    T = "rows" if phase == "p" else 1
+def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1) -> dict:
+    """The ops of one phase. A batched manifest (max_seqs > 1) runs decode over the `seqs` var (one
+    row a sequence) with the decode builds' row-following scalars read from prefill
+    (`mined.batched_decode`), and its split-KV scratch sized for max_seqs rows."""
+    batched = max_seqs > 1
+    S = "seqs" if batched else None
+    T = "rows" if phase == "p" else ("seqs" if batched else 1)
+    inst = dict(mined.instances)
+    if batched and phase == "d":
+        inst.update(batched_decode(mined))
+    variants = lambda ph, role: [(role, x) for x in inst[(ph, role)]]  # noqa: E731
     ops = {}
     for role in ("in_norm", "add_norm", "q_norm", "k_norm", "rope", "cache", "silu"):
-        ops[role] = Op(f"{phase}.{role}", _variants(mined, phase, role), {}, cfg, mined, T)
+        ops[role] = Op(f"{phase}.{role}", variants(phase, role), {}, cfg, mined, T, S)
     if phase == "p":
-        ops["attn"] = Op("p.attn", _variants(mined, "p", "attn"), {}, cfg, mined, T)
+        ops["attn"] = Op("p.attn", variants("p", "attn"), {}, cfg, mined, T, S)
     else:
         pad = 1 << (cfg.head_dim - 1).bit_length()
         seg = {"segm_out": cfg.heads * mined.segments * pad, "segm_max": cfg.heads * mined.segments,
                "segm_expsum": cfg.heads * mined.segments}
-        ops["attn"] = Op("d.attn", _variants(mined, "d", "attn3d") + _variants(mined, "d", "reduce"),
-                         seg, cfg, mined, T)
+        seg = {k: v * max_seqs for k, v in seg.items()}
+        ops["attn"] = Op("d.attn", variants("d", "attn3d") + variants("d", "reduce"), seg, cfg, mined, T, S)
     return ops
 
 
@@ -196,13 +233,23 @@ def _own_op(launch: dict, rows) -> dict:
     return {"params": params, "impl": {"launches": [launch]}}
 
 
-def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -> dict:
-    """The manifest. `own` maps "embed" / "argmax" to (module name, launch skeleton, module ref)."""
+def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "", max_seqs: int = 1) -> dict:
+    """The manifest. `own` maps "embed" / "argmax" to (module name, launch skeleton, module ref).
+
+    `max_seqs` > 1: a batched manifest. Decode runs up to max_seqs sequences a call, one row each
+    (every row-count of the decode ops is the `seqs` var; the GEMMs' m, the logits and the argmax
+    over `seqs` rows), as a CUDA graph per sequence count; prefill packs up to max_seqs prompts into
+    its `rows` (query start offsets in `cu_seqlens`, the attention's sequence count the `seqs` var).
+    Per-sequence inputs are laid out by sequence: `seq_lens[seqs]`, `blocks[seqs, W]`,
+    `cu_seqlens[max_seqs + 1]`. max_seqs 1 writes the one-sequence manifest byte for byte as before."""
+    if max_seqs < 1:
+        raise ValueError(f"max_seqs must be at least 1, got {max_seqs}")
+    batched = max_seqs > 1
     names = module_names(mined)
     W, bs = mined.table_width, mined.block_size
     max_pos = W * bs
     m = {"schema_version": SCHEMA_VERSION, "model": f"qwen3 ({GENERATOR} {VERSION}; capture {label})".replace("; capture )", ")"),
-         "vars": {"rows": {"max": chunk, "axis": "rows"}, "seqs": {"max": 1, "axis": "groups"}},
+         "vars": {"rows": {"max": chunk, "axis": "rows"}, "seqs": {"max": max_seqs, "axis": "groups"}},
          "states": {f"kv.{i}": {"bytes_per_token": cfg.kv_bytes_per_token} for i in range(cfg.layers)},
          "buffers": {}, "modules": {}, "ops": {}, "programs": {}}
     buf = m["buffers"]
@@ -214,13 +261,13 @@ def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -
     b("positions", "i64", ["rows"], "input", fill="position", domain={"min": 0, "max": max_pos - 1})
     b("slots", "i64", ["rows"], "input", fill="slot", domain={"index_into": "kv.0"})
     b("seq_lens", "i32", ["seqs"], "input", fill="seq_len", domain={"min": 1, "max": max_pos})
-    b("cu_seqlens", "i32", [2], "input", fill="cu_seqlens", domain={"monotone": True, "min": 0, "max": chunk})
+    b("cu_seqlens", "i32", [max_seqs + 1], "input", fill="cu_seqlens", domain={"monotone": True, "min": 0, "max": chunk})
     b("blocks", "i32", ["seqs", W], "input", fill="blocks", domain={"index_into": "kv.0", "stride": bs})
     b("next_token", "i32", ["seqs"], "output", fill="tokens")
     for n, width in (("residual", cfg.hidden), ("h", cfg.hidden), ("qkv", cfg.qkv_size), ("q", cfg.q_size),
                      ("k", cfg.kv_size), ("attn", cfg.q_size), ("gate_up", 2 * cfg.inter), ("act", cfg.inter)):
         b(n, "bf16", ["rows", width], "workspace")
-    b("logits", "bf16", [1, cfg.vocab], "workspace")
+    b("logits", "bf16", ["seqs" if batched else 1, cfg.vocab], "workspace")
     b("embed", "bf16", [cfg.vocab, cfg.hidden], "weight", bind=[{"tensor": "model.embed_tokens.weight"}])
     b("final_norm", "bf16", [cfg.hidden], "weight", bind=[{"tensor": "model.norm.weight"}])
     b("cos_sin", "bf16", [max_pos, cfg.head_dim], "weight", bind=[{"tensor": "mine.rope.cos_sin"}])
@@ -243,32 +290,31 @@ def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "") -
         b(L + "down", "bf16", [cfg.hidden, cfg.inter], "weight", bind=[{"tensor": p + "mlp.down_proj.weight"}])
 
     m["ops"]["gemm"] = {"params": GEMM[1], "impl": {"launches": [{"entry": GEMM[0]}]}}
-    for key, rows in (("embed", "rows"), ("argmax", 1)):
+    Td = "seqs" if batched else 1
+    for key, rows in (("embed", "rows"), ("argmax", Td)):
         mod, launch, ref = own[key]
         m["modules"][mod] = ref
         m["ops"][f"{'p' if key == 'embed' else 'd'}.{key}"] = _own_op(launch, rows)
-    m["ops"]["d.embed"] = _own_op(own["embed"][1], 1)
+    m["ops"]["d.embed"] = _own_op(own["embed"][1], Td)
     calls = {}
     for phase in ("p", "d"):
-        ops = _ops(cfg, mined, phase)
+        ops = _ops(cfg, mined, phase, max_seqs)
         for op in ops.values():
             for launch in op.json["impl"]["launches"]:
                 sha = launch.pop("_sha")
                 launch["module"] = names[sha]
                 m["modules"][names[sha]] = {"source": f"{sha}.cubin", "sha256": sha}
             m["ops"][op.name] = op.json
-        T = "rows" if phase == "p" else 1
-        rows_arg = {"var": "rows"} if phase == "p" else {"i32": 1}
+        T = "rows" if phase == "p" else Td
         out = [{"label": "embed", "op": f"{phase}.embed",
                 "args": [{"buf": "tokens"}, {"buf": "embed"}, {"buf": "residual"}, {"i32": cfg.hidden}]}]
-        del rows_arg
         for i in range(cfg.layers):
             out += render("qwen3_layer.j2", ops=ops, i=i, T=T, c=cfg, kv_only=(phase == "p" and i == cfg.layers - 1))
         if phase == "d":
-            out += render("qwen3_head.j2", ops=ops, c=cfg, lm_head=lm_head)
+            out += render("qwen3_head.j2", ops=ops, c=cfg, lm_head=lm_head, T=T)
         calls[phase] = out
-    m["programs"]["prefill"] = {"batch": {"groups": 1, "rows": "rows"}, "calls": calls["p"]}
-    m["programs"]["decode"] = {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": calls["d"]}
+    m["programs"]["prefill"] = {"batch": {"groups": max_seqs, "rows": "rows"}, "calls": calls["p"]}
+    m["programs"]["decode"] = {"batch": {"groups": max_seqs, "rows": 1}, "graph": True, "calls": calls["d"]}
     # only what the programs call: a one-layer model's prefill only lands KV, so its norm-and-MLP
     # ops are never called there (kern rejects ops no call uses, and modules no op launches)
     used = {c["op"] for prog in calls.values() for c in prog}

@@ -50,10 +50,12 @@ class Qwen3Result:
 
 
 def check_inputs(dump: Path, config: Path, analysis: Optional[Path] = None, weights: Optional[Path] = None,
-                 chunk: int = 2048) -> list[Path]:
+                 chunk: int = 2048, max_seqs: int = 1) -> list[Path]:
     """Refuse inputs that cannot serve before any work; the checkpoint's .safetensors files."""
     if chunk < 1:
         raise UsageError(f"--chunk must be at least 1, got {chunk}", value=chunk, limit=1)
+    if not 1 <= max_seqs <= chunk:
+        raise UsageError(f"--max-seqs must be between 1 and --chunk ({chunk}), got {max_seqs}", value=max_seqs, limit=chunk)
     for flag, given in (("--dump", dump), ("--config", config), ("--analysis", analysis), ("--weights", weights)):
         if given is not None and not Path(given).exists():
             raise FileNotFoundError(f"{flag} {given}: cannot be read (no such file or folder)")
@@ -65,7 +67,7 @@ def check_inputs(dump: Path, config: Path, analysis: Optional[Path] = None, weig
 
 def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, chunk: int = 2048,
                    pid: Optional[int] = None, analysis: Optional[Path] = None, cache: bool = True,
-                   cache_dir: Optional[Path] = None):
+                   cache_dir: Optional[Path] = None, max_seqs: int = 1):
     """(config, mined, kernel table, verified manifest) of the capture at `dump_path` (`cache` and
     `cache_dir` as in `mining.load.load_dump`)."""
     from generators.qwen3 import build, config as qconfig, mined
@@ -83,7 +85,7 @@ def build_manifest(dump_path: Path, config: Path, kernels: Path = KERNELS_TOML, 
         doc = document(analyze(dump))
     mm = mined.mine(dump, cfg, doc)
     own = {k: (mod, table.op_launch(mod, e), table.module_ref(mod)) for k, (mod, e) in OWN.items()}
-    m = build.generate(cfg, mm, own, chunk=chunk, label=dump.source.parent.name)
+    m = build.generate(cfg, mm, own, chunk=chunk, label=dump.source.parent.name, max_seqs=max_seqs)
     bad = verify(m)
     if bad:
         raise RejectedManifest(f"the generated manifest fails verification ({len(bad)} violations, first: {bad[0]})")
@@ -122,20 +124,21 @@ def kernels_dir(out, mm, table, m: dict) -> list[str]:
 def generate_qwen3(dump: Path, config: Path, out, *, weights: Optional[Path] = None, chunk: int = 2048,
                    pid: Optional[int] = None, kernels_toml: Path = KERNELS_TOML, analysis: Optional[Path] = None,
                    progress: Optional[Callable] = None, cache: bool = True,
-                   cache_dir: Optional[Path] = None) -> Qwen3Result:
+                   cache_dir: Optional[Path] = None, max_seqs: int = 1) -> Qwen3Result:
     """Generate OUT/qwen3.json, OUT/qwen3-bindings.safetensors and OUT/kernels/ from the capture
     `dump` and the model's `config`; `weights` (a checkpoint folder) is checked to hold every bound
     tensor. `progress(what)` (a context manager) wraps the slow read-and-mine step; `cache` and
-    `cache_dir` say where the capture's cache is (mining/cache.py)."""
+    `cache_dir` say where the capture's cache is (mining/cache.py); `max_seqs` > 1 writes a batched
+    manifest (`build.generate`)."""
     from generators.folder import folder as as_folder
     from generators.qwen3 import bindings
     from generators.qwen3.build import dumps
     from manifests.abi import check_abi
 
-    files = check_inputs(dump, config, analysis, weights, chunk)
+    files = check_inputs(dump, config, analysis, weights, chunk, max_seqs)
     folder = as_folder(out)
     with (progress or (lambda _what: contextlib.nullcontext()))(f"reading and mining {dump}"):
-        cfg, mm, table, m = build_manifest(dump, config, kernels_toml, chunk, pid, analysis, cache, cache_dir)
+        cfg, mm, table, m = build_manifest(dump, config, kernels_toml, chunk, pid, analysis, cache, cache_dir, max_seqs)
     if weights is not None:
         own = {k: v for k, v in m["buffers"].items() if not any(s["tensor"].startswith("mine.") for s in v.get("bind", []))}
         problems = bindings.checkpoint_problems({"buffers": own}, files)

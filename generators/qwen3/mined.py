@@ -575,3 +575,35 @@ def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
         cubins[i.sha256] = f if f.is_file() else None
     return Mined(inst, result, skipped, cubins, str(dump.source), bs, inst[("p", "attn")][0].scalars[11][2],
                  inst[("d", "attn3d")][0].launches[0].grid[2])
+
+
+def batched_decode(mined: Mined) -> dict:
+    """The decode instances as a batch of sequences runs them: (phase "d", role) -> [Instance] whose
+    scalars that follow the row count are `affine` in it, where a one-token capture saw constants.
+
+    Why: a single-sequence capture's decode forwards all run one row, so a norm's token-count
+    parameter is the constant 1 there; a decode of n sequences runs n rows. The dependence is a
+    property of the kernel's ABI, so it is read from the prefill instance of the same role that
+    launches the same build (symbol, cubin, parameter sizes): a parameter affine there, a*t + b,
+    whose value in decode is a + b, is that form in decode too. A constant that no prefill build
+    ties to the rows stays a constant; a decode build no prefill launches keeps its scalars as
+    mined (the split-KV attention and its reduction: strides and sequence counts only)."""
+    out = {}
+    for (phase, role), variants in mined.instances.items():
+        if phase != "d":
+            continue
+        same = [p for p in mined.instances.get(("p", role), [])]
+        new = []
+        for inst in variants:
+            twin = next((p for p in same if (p.symbol, p.sha256, p.sizes) == (inst.symbol, inst.sha256, inst.sizes)), None)
+            scalars = dict(inst.scalars)
+            if twin is not None:
+                for i, s in inst.scalars.items():
+                    t = twin.scalars.get(i)
+                    if s[0] == "const" and t is not None and t[0] == "affine" and s[1] == t[1] and s[2] == t[2] + t[3]:
+                        scalars[i] = t
+            copy = Instance(inst.family, inst.symbol, inst.sha256, inst.regs, inst.sizes, inst.block, inst.smem,
+                            inst.launches, scalars, inst.when)
+            new.append(copy)
+        out[("d", role)] = new
+    return out
