@@ -146,6 +146,20 @@ def with_prefill_rows(setup: Setup, rows: int) -> Setup:
     return replace(setup, serving=replace(s, chunk=rows))
 
 
+def check_batch(setup: Setup, batch: int) -> None:
+    """Refuse, before the GPU, a --batch the manifest's decode cannot run in one call, or a reference
+    whose requests need more context than a sequence slot of the batched layout holds."""
+    m, s = setup.m, setup.serving
+    groups = int((m["programs"][s.decode].get("batch") or {}).get("groups", 1))
+    if batch > groups:
+        raise ManifestError(f"--batch {batch}: the decode program {s.decode!r} runs at most {groups} sequence(s) a call")
+    if "blocks" in s.inputs:
+        from compare.batch import Layout
+
+        width = int(serving._dim(m, m["buffers"][s.inputs["blocks"]]["shape"][-1]))
+        Layout.for_context(max(len(r.prompt) + len(r.output) for r in setup.ref.requests), s.block_size, width)
+
+
 def teacher_forced(host, n: int, req, bounds: verdict.Bounds) -> list[tuple[verdict.StepResult, list[float]]]:
     import torch
 
@@ -159,6 +173,39 @@ def teacher_forced(host, n: int, req, bounds: verdict.Bounds) -> list[tuple[verd
         got = int(torch.argmax(z).item())
         out.append((verdict.judge(n, j, pos, want, step.ids, step.logprobs, z_ids, got, bounds), z_ids))
         tok, pos = want, pos + 1
+    return out
+
+
+def teacher_forced_batched(host, first: int, reqs, bounds: verdict.Bounds) -> list[tuple[verdict.StepResult, list[float]]]:
+    """The teacher-forced loop of several requests at once (a batched manifest, `compare.batch`):
+    every prompt but its last token lands through packed prefill calls (several prompts, or parts
+    of them, in one call), each in its own sequence slot, then every step
+    decodes one token of each request that still has a reference token there, in one call, and
+    each row's logits are judged against its own request's reference. Requests of different
+    lengths leave the batch as they finish. `first`: the report number of reqs[0]."""
+    import torch
+
+    from compare.batch import Row
+
+    if host.s.prefill is None:
+        for i, req in enumerate(reqs):
+            for p, t in enumerate(req.prompt[:-1]):
+                host.decode_rows([Row(i, p, (t,))])
+    else:
+        host.prefill_packed([(i, list(req.prompt[:-1])) for i, req in enumerate(reqs)])
+    out = []
+    for j in range(max(len(r.output) for r in reqs)):
+        live = [i for i, r in enumerate(reqs) if j < len(r.output)]
+        toks = {i: (reqs[i].prompt[-1] if j == 0 else reqs[i].output[j - 1]) for i in live}
+        pos = {i: len(reqs[i].prompt) - 1 + j for i in live}
+        z = host.decode_rows([Row(i, pos[i], (toks[i],)) for i in live])
+        for row, i in enumerate(live):
+            step = reqs[i].steps[j]
+            ids = torch.tensor(step.ids, device=z.device)
+            z_ids = z[row][ids].tolist()
+            got = int(torch.argmax(z[row]).item())
+            out.append((verdict.judge(first + i, j, pos[i], reqs[i].output[j], step.ids, step.logprobs, z_ids, got,
+                                      bounds), z_ids))
     return out
 
 
@@ -176,20 +223,40 @@ def free_running(host, req) -> list[int]:
     return out
 
 
-def compare(setup: Setup, bounds: verdict.Bounds, gpu: int = 0, free: bool = True, on_request=None) -> dict:
-    """Both loops on kern for every request of the reference; the report document."""
+def compare(setup: Setup, bounds: verdict.Bounds, gpu: int = 0, free: bool = True, on_request=None,
+            batch: int = 1) -> dict:
+    """Both loops on kern for every request of the reference; the report document. `batch` > 1:
+    the teacher-forced loop runs the requests `batch` at a time through the batched manifest
+    (`teacher_forced_batched`); free-running stays one sequence at a time."""
     from compare.host import KernHost
 
     t0 = time.time()
-    host = KernHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, gpu)
+    if batch > 1:
+        from compare.batch import BatchHost
+
+        need = max(len(r.prompt) + len(r.output) for r in setup.ref.requests)
+        host = BatchHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, gpu,
+                         max_len=need)
+        if batch > host.groups:
+            raise ManifestError(f"--batch {batch}: the decode program {setup.serving.decode!r} runs at most "
+                                f"{host.groups} sequences a call")
+    else:
+        host = KernHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, gpu)
     load_s = time.time() - t0
     steps, greedy = [], []
-    for n, req in enumerate(setup.ref.requests):
-        steps.extend(teacher_forced(host, n, req, bounds))
-        greedy.append(free_running(host, req) if free else None)
+    reqs = setup.ref.requests
+    if batch > 1:
+        for a in range(0, len(reqs), batch):
+            steps.extend(teacher_forced_batched(host, a, reqs[a:a + batch], bounds))
+    for n, req in enumerate(reqs):
+        if batch == 1:
+            steps.extend(teacher_forced(host, n, req, bounds))
+        greedy.append(free_running(host, req) if free and batch == 1 else None)
         if on_request is not None:
             on_request(n)
+    steps.sort(key=lambda s: (s[0].request, s[0].step))
     doc = report(setup, bounds, steps, greedy)
+    doc["batch"] = batch
     import torch
 
     doc["made"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(gpu), "kern": _version("kern-llm"), "torch": torch.__version__,

@@ -30,6 +30,9 @@ def compare_cmd(
                                                help="at most this many rows per prefill call (0: the prompt "
                                                     "through the decode program, a token a call); to tell a "
                                                     "prefill fault from a decode one"),
+    batch: int = typer.Option(1, "--batch", min=1, help="run the teacher-forced loop this many requests at a "
+                              "time through a batched manifest (its decode runs them in one call, each row "
+                              "judged against its own request); free-running is then skipped"),
 ) -> None:
     """Run MANIFEST on kern teacher-forced on a reference's tokens and judge every step: kern's top-1
     against the reference's, the reference's own margin where they differ, kern's logit-difference
@@ -39,6 +42,7 @@ def compare_cmd(
 
       mine compare manifests/qwen3 --weights CKPT --reference ref.json --json compare.json
       mine compare out/q3t --weights CKPT --reference ref.json --prefill-rows 1   # prefill 1 row a call
+      mine compare out/gen64 --weights CKPT --reference ref.json --batch 16      # 16 sequences a decode call
     """
     from mine.checks import check_outputs
     from compare import run, show, verdict
@@ -48,7 +52,9 @@ def compare_cmd(
     if prefill_rows is not None:
         setup = run.with_prefill_rows(setup, prefill_rows)
     bounds = verdict.Bounds(tol_ulps=tol_ulps, tol=tol)
-    doc = run.compare(setup, bounds, gpu=gpu, free=not no_free)
+    if batch > 1:
+        run.check_batch(setup, batch)
+    doc = run.compare(setup, bounds, gpu=gpu, free=not no_free, batch=batch)
     show.report(doc)
     if json_out is not None:
         run.write_report(doc, json_out)
