@@ -1,0 +1,179 @@
+"""Output tokens/s at concurrency, vLLM (default compile + CUDA-graph mode, or eager) against kern on a
+batched manifest of the same checkpoint, on one GPU, in one run (issue 17).
+
+    python3 benchmarks/bench_batch_vs_vllm.py CKPT REF OUT_JSON --manifest DIR [--mode default]
+        [--concurrency 1,8,32,64] [--prompt-len 175] [--new 64] [--long-prompt 2048]
+
+The request mix, the same for both engines: c prompts of `--prompt-len` tokens (seeded, a
+different draw per request) submitted together, each generating `--new` tokens (greedy, EOS
+ignored). The figure is c * new / wall time of the whole batch, prefill included, median of 3
+after a warm-up run of the same batch. Each engine runs in a child process of its own.
+- vLLM: `LLM.generate` of the c requests at once (its scheduler batches them, chunked prefill on).
+- kern (`compare.batch.BatchHost`): the c prompts but their last tokens in packed prefill calls,
+  then `new` decode steps of the c sequences a call with the loop on the device (the argmax of
+  every row fed back as its next token, positions, slots and lengths one further on the device, one
+  synchronization at the end); the decode program is a CUDA graph per sequence count. Also the
+  decode step alone (the device loop's time over `new` steps, prefill excluded).
+With `--long-prompt N`: the warm time to the first token of one N-token prompt on each.
+`REF` is what `compare.run.prepare` checks the manifest against first (`mine compare`'s checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def _prompts(ckpt: str, c: int, n: int, seed: int = 11) -> list[list[int]]:
+    from compare import checkpoint
+    from compare.record_vllm import seeded_prompts
+
+    return seeded_prompts([n] * c, int(checkpoint.config(Path(ckpt))["vocab_size"]), seed)
+
+
+def _median_after_warmup(fn, runs: int = 3) -> float:
+    fn()
+    return statistics.median(fn() for _ in range(runs))
+
+
+def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=ckpt, enforce_eager=(mode == "eager"), attention_backend="TRITON_ATTN", skip_tokenizer_init=True,
+              gpu_memory_utilization=0.30, max_model_len=4096, seed=0, max_num_seqs=max(conc))
+    sp = SamplingParams(max_tokens=new, temperature=0.0, detokenize=False, ignore_eos=True)
+    rows = {}
+    for c in conc:
+        batch = [{"prompt_token_ids": p} for p in _prompts(ckpt, c, plen)]
+
+        def gen():
+            t0 = time.perf_counter()
+            outs = llm.generate(batch, sp, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            assert all(len(o.outputs[0].token_ids) == new for o in outs)
+            return dt
+
+        t = _median_after_warmup(gen)
+        rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t}
+    doc = {"engine": f"vllm {mode}", "concurrency": rows}
+    if long_len:
+        long_ids = _prompts(ckpt, 1, long_len, 12)[0]
+        one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+
+        def first():
+            t0 = time.perf_counter()
+            llm.generate([{"prompt_token_ids": long_ids}], one, use_tqdm=False)
+            return time.perf_counter() - t0
+
+        doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3})
+    out.write_text(json.dumps(doc))
+
+
+def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
+    import torch
+
+    from compare.batch import BatchHost, Row
+    from compare.run import prepare
+
+    setup = prepare(Path(mdir), Path(ckpt), Path(ref))
+    host = BatchHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, 0,
+                     max_len=plen + new)
+    rows = {}
+    for c in conc:
+        if c > host.groups:
+            rows[str(c)] = {"error": f"the decode program runs at most {host.groups} sequences a call"}
+            continue
+        prompts = _prompts(ckpt, c, plen)
+        timing = {}
+
+        def batch():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            calls = host.prefill_packed([(i, p[:-1]) for i, p in enumerate(prompts)])
+            t1 = time.perf_counter()
+            toks = host.decode_batch_on_device([Row(i, plen - 1, (p[-1],)) for i, p in enumerate(prompts)], new)
+            t2 = time.perf_counter()
+            timing.update(prefill_calls=calls, prefill_s=t1 - t0, decode_step_us=(t2 - t1) / new * 1e6,
+                          tokens=[t[:8] for t in toks[:2]])
+            return t2 - t0
+
+        t = _median_after_warmup(batch)
+        rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing}
+    doc = {"engine": f"kern {mdir}", "groups": host.groups, "concurrency": rows,
+           "graph": setup.m["programs"][setup.serving.decode].get("graph", False)}
+    if long_len:
+        from compare.batch import Layout
+
+        long_ids = _prompts(ckpt, 1, long_len, 12)[0]
+        host.layout = Layout.for_context(long_len, host.layout.block, host.layout.width)   # sequence 0 alone
+
+        def first():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            host.prefill_packed([(0, long_ids[:-1])])
+            host.decode_rows([Row(0, long_len - 1, (long_ids[-1],))])
+            return time.perf_counter() - t0
+
+        doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3,
+                    "prefill_chunk_rows": setup.serving.chunk})
+    out.write_text(json.dumps(doc))
+
+
+def main() -> None:
+    if sys.argv[1] in ("--vllm-child", "--kern-child"):
+        a = json.loads(sys.argv[2])
+        fn = run_vllm if sys.argv[1] == "--vllm-child" else run_kern
+        return fn(**{k: (Path(v) if k == "out" else v) for k, v in a.items()})
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ckpt")
+    ap.add_argument("ref")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--manifest", required=True, help="the batched manifest's folder (mine gen qwen3 --max-seqs)")
+    ap.add_argument("--mode", choices=("eager", "default"), default="default")
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--prompt-len", type=int, default=175)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--long-prompt", type=int, default=0)
+    ap.add_argument("--skip-vllm", action="store_true")
+    a = ap.parse_args()
+    conc = [int(x) for x in a.concurrency.split(",")]
+    common = {"ckpt": a.ckpt, "conc": conc, "plen": a.prompt_len, "new": a.new, "long_len": a.long_prompt}
+    engines = {}
+    if not a.skip_vllm:
+        v = a.out.with_suffix(".vllm.json")
+        r = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps({**common, "mode": a.mode, "out": str(v)})])
+        engines["vllm"] = json.loads(v.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
+    k = a.out.with_suffix(".kern.json")
+    r = subprocess.run([sys.executable, __file__, "--kern-child",
+                        json.dumps({**common, "ref": a.ref, "mdir": a.manifest, "out": str(k)})])
+    engines["kern"] = json.loads(k.read_text()) if r.returncode == 0 else {"error": f"rc {r.returncode}"}
+    ratios = {}
+    for c in map(str, conc):
+        v_, k_ = (engines.get(e, {}).get("concurrency", {}).get(c, {}).get("tokens_per_s") for e in ("vllm", "kern"))
+        if v_ and k_:
+            ratios[c] = round(k_ / v_, 3)
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": a.mode, "prompt_len": a.prompt_len,
+           "new": a.new, "engines": engines, "kern_over_vllm_tokens_per_s": ratios}
+    try:
+        import torch
+
+        doc["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as exc:  # noqa: BLE001 -- the record says why the name is missing
+        doc["gpu"] = f"unknown ({exc})"
+    a.out.write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
