@@ -363,3 +363,19 @@ def test_every_reference_is_what_compare_refs_says():
         assert ref.made["prompts"] == {"lengths": f[f.index("--lengths") + 1], "seed": int(f[f.index("--seed") + 1])}
         assert [len(r.prompt) for r in ref.requests] == [int(x) for x in f[f.index("--lengths") + 1].split(",")]
         assert {len(r.output) for r in ref.requests} == {int(f[f.index("--new") + 1])}
+
+
+def test_batch_beyond_the_decode_groups_is_one_sentence(ckpt, tmp_path, monkeypatch, capsys):
+    """--batch N asks the decode program for N sequences a call: the one-sequence manifest refuses
+    N > 1 before any GPU work; a batched manifest (its decode's groups raised) accepts up to them."""
+    ref = _ref_for(ckpt, tmp_path)
+    err = _mine(["compare", str(QWEN3), "--weights", str(ckpt), "--reference", str(ref), "--batch", "4"],
+                monkeypatch, capsys)
+    assert "--batch 4: the decode program 'decode' runs at most 1 sequence(s) a call" in err
+    s = run.prepare(QWEN3, ckpt, ref)
+    m = copy.deepcopy(s.m)
+    m["programs"]["decode"]["batch"]["groups"] = 8
+    wide = __import__("dataclasses").replace(s, m=m)
+    run.check_batch(wide, 8)
+    with pytest.raises(run.ManifestError, match="runs at most 8"):
+        run.check_batch(wide, 9)
