@@ -12,5 +12,5 @@ Modules: `checkpoint` (safetensors headers, fingerprints), `reference` (the reco
 its file format), `verdict` (pure judgement of one step and of a run), `host` (the manifest on
 kern with a host that writes its inputs by their declared fills; GPU), `run` (the teacher-forced
 and free-running loops), `show` (the report at a terminal), `record` (a recording's checks and its child process),
-`record_vllm` (the vLLM recorder, run in that child).
+`record_vllm` (the vLLM recorder, run in that child), `record_sglang` (a reference from SGLang's HTTP answers), `batch` (several sequences a call through a batched manifest; GPU).
 """
