@@ -5,7 +5,7 @@
 # run_compile_kern.sh: analysis, an in-order replay window (flow and contents), `mine compile
 # --weights --requests`, and `mine compare` of the compiled manifest on kern against that reference.
 # Carry KIT2/sgl (shared tools' SGLang kit) and KIT2/kern (the kern-llm wheel, pyelftools).
-#   MODE=graph|eager (graph)  NEW=8 (new tokens a prompt)  CAP_S=300  RUN_S=260  COMPARES="rows0 full"
+#   MODE=graph|eager (graph)  NEW=8 (new tokens a prompt)  CAP_S=230  RUN_S=250  COMPARES="rows0 full"
 set -u; T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 MODE=${MODE:-graph}; W=/tmp/sg21/$MODE; ck=/tmp/sg21/model
 export PYTHONUNBUFFERED=1
@@ -21,7 +21,7 @@ rm -rf "$W/dump"
   flags=(--mode $MODE --reference $W/ref.json --snapshot --new ${NEW:-8} --port 30011 --log $W/server.log
          --pidfile $W/server.pid --startup-timeout 240)
   MINE_CAPTURE_COPY_BYTES=65536 MINE_CAPTURE_HOST_BYTES=4096 MINE_CAPTURE_SNAPSHOT_SIGNAL=1 \
-  MINE_CAPTURE_SNAPSHOT_BYTES=4294967296 timeout -k 20 ${CAP_S:-300} python3 -c '
+  MINE_CAPTURE_SNAPSHOT_BYTES=4294967296 timeout -k 20 ${CAP_S:-230} python3 -c '
 import sys; from pathlib import Path; from capture.launcher import run_capture
 code, procs = run_capture(sys.argv[2:], Path(sys.argv[1]), format="bin", writer="mmap")
 for s in procs:
@@ -35,7 +35,7 @@ echo "scheduler dump: ${d:-none}"; [ -n "$d" ] && grep -h '"event": "end"' $d/sn
 export PYTHONPATH=/tmp/deps:$PWD
 if [ -n "$d" ] && [ -s $W/ref.json ]; then
   COMPARES=${COMPARES:-"rows0 full"} REPLAY_S=${REPLAY_S:-200} DUMP=$d CKPT=$ck REF=$W/ref.json TARGET=${TARGET:-} \
-    timeout ${RUN_S:-260} bash tests/gpu_results/run_compile_kern.sh $W/run; el "chain rc=$?"
+    timeout ${RUN_S:-250} bash tests/gpu_results/run_compile_kern.sh $W/run; el "chain rc=$?"
 fi
 [ -n "$d" ] && python3 capture/pack_fixture.py $W/dump $OUT/sglang_${MODE}_kern.tar.xz --max-launches 100000000 \
   --max-cubin-bytes 6000000 > $OUT/pack.log 2>&1; el "pack rc=$?"
