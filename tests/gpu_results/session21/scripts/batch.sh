@@ -21,8 +21,19 @@ timeout ${CAP_S:-150} python3 -m mine.cli capture -o /tmp/cap_e -- python3 -m co
 tail -3 $OUT/cap_e.log; cp /tmp/ref_b.json $OUT/ 2>/dev/null
 timeout 120 python3 -m mine.cli gen qwen3 --dump /tmp/cap_e --config /tmp/ck/config.json -o /tmp/gen64 --weights /tmp/ck \
   --max-seqs 64 --force > $OUT/gen64.log 2>&1; el "gen rc=$?"; tail -3 $OUT/gen64.log
+# the same reference with requests cut at different lengths (1..12 tokens), so sequences leave the batch as
+# they finish: request k keeps its first 1 + (5k mod 12) tokens
+python3 - <<'PY2'
+import json
+d = json.load(open("/tmp/ref_b.json"))
+for k, r in enumerate(d["requests"]):
+    n = 1 + (5 * k) % len(r["output"])
+    r["output"], r["top"] = r["output"][:n], r["top"][:n]
+json.dump(d, open("/tmp/ref_mixed.json", "w"))
+PY2
 for b in ${BATCHES:-16 1}; do
-  timeout 150 python3 -m mine.cli compare /tmp/gen64 --weights /tmp/ck --reference /tmp/ref_b.json --batch $b \
+  ref=/tmp/ref_mixed.json; [ $b = 1 ] && ref=/tmp/ref_b.json
+  timeout 150 python3 -m mine.cli compare /tmp/gen64 --weights /tmp/ck --reference $ref --batch $b \
     --no-free-running --json $OUT/compare_b$b.json > $OUT/compare_b$b.log 2>&1; el "compare --batch $b rc=$?"
   tail -4 $OUT/compare_b$b.log
 done
