@@ -117,14 +117,19 @@ def _alloc_of(v: int, own: dict[int, Launch], allocs) -> tuple[int, int]:
 
 
 def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], flow: dict,
-          allocs=()) -> tuple[dict[int, Launch], list[str]]:
+          allocs=()) -> tuple[dict[int, Launch], list[str], dict[int, str]]:
     """The forward's launches with its device-to-device copies aliased away and its memsets
-    checked (module docstring); and a note per op. `flow`: (site, i, at) -> measured direction."""
+    checked (module docstring); a note per op; and the refusals by launch seq: a launch that reads
+    bytes a memset cleared, or a copy's destination after its source changed. Why by seq and not
+    raised here: the program may end before that launch (a sampler's top-k after the logits, cut
+    by `programs.cut_at_logits`); the caller refuses only for launches its program keeps.
+    `flow`: (site, i, at) -> measured direction."""
     if not at:
-        return own, []
+        return own, [], {}
     alias: list[list] = []       # [dst, end, src, stale (the source was written since), op]
     cleared: list[list] = []     # [dst, end, op, k]
     notes: list[str] = []
+    refused: dict[int, str] = {}
     occ: dict[str, int] = {}
     out = dict(own)
     n_alias = n_memset = n_lib = 0
@@ -157,19 +162,19 @@ def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], 
                         cleared.remove(c)
                         n_memset += 1
                         continue
-                    raise CompileError(
+                    refused.setdefault(s, (
                         f"forward {f.forward}: {x.symbol[:60]} (launch seq {s}, param {w.i}) reads bytes a memset "
                         f"cleared just before (value {c[2].value}, {c[2].size} bytes at {hex(c[0])}); kern has no "
-                        f"memset call, so the program would read what the buffer held instead")
+                        f"memset call, so the program would read what the buffer held instead"))
             hit = next((a for a in alias if a[0] <= w.value < a[1]), None)
             if hit is not None and writes:
                 alias.remove(hit)
             elif hit is not None:
                 if hit[3]:
-                    raise CompileError(
+                    refused.setdefault(s, (
                         f"forward {f.forward}: {x.symbol[:60]} (launch seq {s}, param {w.i}) reads what a "
                         f"device-to-device copy ({hit[4].size} bytes, {hex(hit[4].src)} -> {hex(hit[0])}) left, but "
-                        f"a launch overwrote the copy's source in between; kern has no copy call to keep it")
+                        f"a launch overwrote the copy's source in between; kern has no copy call to keep it"))
                 v = hit[2] + (w.value - hit[0])
                 base, size = _alloc_of(v, own, allocs)
                 words.append(Word(w.i, w.at, v, base, size))
@@ -194,7 +199,7 @@ def apply(f, order: list[int], own: dict[int, Launch], at: dict[int, list[Op]], 
         notes.append(f"{len(ops) - copies} memset(s): {n_memset} overwritten before any read ({n_lib} of them "
                      f"cuBLASLt's own workspace, which kern's extern GEMM clears itself), the rest never read again "
                      f"in the forward; left out")
-    return out, notes
+    return out, notes, refused
 
 
 def graph_gaps(dump, graphs, captures: set[int]) -> list[str]:

@@ -340,12 +340,21 @@ def programs(dump, doc: AnalysisDoc, vocab: int | None = None) -> tuple[list[Pro
             # fresh Launch objects per forward: a record replayed in several forwards is a
             # different call site in each
             own = {s: _copy(launches[s]) for s in _seqs(f)}
+            refused: dict[int, str] = {}
             if ops:
                 order = _seqs(f)
-                own, dn = device_ops.apply(f, order, own, device_ops.positions(order, cap, ops), flowd, allocs)
+                own, dn, refused = device_ops.apply(f, order, own, device_ops.positions(order, cap, ops), flowd, allocs)
                 op_notes += [n for n in dn if n not in op_notes]
             steps, staging = _steps(f, own, staged)
             steps, tail = cut_at_logits(steps, vocab)
+            kept = [x.seq for st in steps for x in (st.launch, st.aux) if x is not None]
+            bad = next((refused[q] for q in kept if q in refused), None)
+            if bad is not None:
+                raise CompileError(bad)
+            if refused:
+                n = ("launches after the logits read bytes a memset cleared or a copy left behind its changed "
+                     "source (a sampler's own scratch); the program ends before them")
+                op_notes += [n] if n not in op_notes else []
             samples[f.forward] = Sample(f.forward, f.phase, int(f.tokens), steps, staging, [st.launch for st in tail],
                                         seqs_of(f))
         notes += [f"{name} forwards: {n}" for n in op_notes]

@@ -579,15 +579,20 @@ def mine(dump, cfg, doc: AnalysisDoc) -> Mined:
 
 def batched_decode(mined: Mined) -> dict:
     """The decode instances as a batch of sequences runs them: (phase "d", role) -> [Instance] whose
-    scalars that follow the row count are `affine` in it, where a one-token capture saw constants.
+    scalars are those a launch of more than one row needs, where a one-token capture cannot say.
 
-    Why: a single-sequence capture's decode forwards all run one row, so a norm's token-count
-    parameter is the constant 1 there; a decode of n sequences runs n rows. The dependence is a
-    property of the kernel's ABI, so it is read from the prefill instance of the same role that
-    launches the same build (symbol, cubin, parameter sizes): a parameter affine there, a*t + b,
-    whose value in decode is a + b, is that form in decode too. A constant that no prefill build
-    ties to the rows stays a constant; a decode build no prefill launches keeps its scalars as
-    mined (the split-KV attention and its reduction: strides and sequence counts only)."""
+    Why: a single-sequence capture's decode forwards all run one row. Two kinds of scalar are not
+    pinned by one row: a token-count parameter (a norm's rows: the constant 1 there, n for a decode
+    of n sequences), and a row stride (the distance between two tokens' rows: PyTorch gives a
+    dimension of size 1 whatever stride its view computes, so vLLM's one-token q view of the fused
+    qkv output says 2048 where the real row is 4096 elements apart; measured on the bundled
+    capture, where the same kernels in prefill and in vLLM's 1,024-sequence warm-up batch say
+    4096). Both are properties of the kernel's ABI and the model's layout, so they are read from
+    the prefill instance of the same role that launches the same build (symbol, cubin, parameter
+    sizes): a parameter affine there, a*t + b, whose decode value is a + b, is that form in
+    decode; a 64-bit constant there that decode saw otherwise is the prefill's (a stride).
+    A decode build no prefill launches keeps its scalars as mined (the split-KV attention and its
+    reduction, whose strides are those of buffers of their own, equal to prefill attention's)."""
     out = {}
     for (phase, role), variants in mined.instances.items():
         if phase != "d":
@@ -600,7 +605,11 @@ def batched_decode(mined: Mined) -> dict:
             if twin is not None:
                 for i, s in inst.scalars.items():
                     t = twin.scalars.get(i)
-                    if s[0] == "const" and t is not None and t[0] == "affine" and s[1] == t[1] and s[2] == t[2] + t[3]:
+                    if s[0] != "const" or t is None or s[1] != t[1]:
+                        continue
+                    if t[0] == "affine" and s[2] == t[2] + t[3]:
+                        scalars[i] = t
+                    elif t[0] == "const" and s[1] == "i64" and s[2] != t[2]:
                         scalars[i] = t
             copy = Instance(inst.family, inst.symbol, inst.sha256, inst.regs, inst.sizes, inst.block, inst.smem,
                             inst.launches, scalars, inst.when)

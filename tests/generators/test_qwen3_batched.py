@@ -131,12 +131,20 @@ def test_one_sequence_is_the_one_sequence_manifest(capture, program, rows):
     a = _instantiate(one, program, {"rows": rows, "seqs": 1})
     b = _instantiate(many, program, {"rows": rows, "seqs": 1})
     assert len(a) == len(b) and [x[:2] for x in a] == [x[:2] for x in b]
-    over = 0
+    # a decode argument may differ only where it takes the same kernel's prefill value (a row
+    # stride a one-row capture cannot pin), and at one row such a stride is never used
+    pre = {(x[0].split(".", 1)[-1], x[1]): x[4] for x in _instantiate(many, "prefill", {"rows": 2, "seqs": 1})}
+    over = strides = 0
     for x, y in zip(a, b):
         if x[2] != y[2]:
             assert "unified_attention" in x[1] and y[2][0] == x[2][0] + 1 and y[2][1:] == x[2][1:], (x[0], x[2], y[2])
             over += 1
-        assert x[3] == y[3] and x[4] == y[4], x[0]
+        assert x[3] == y[3], x[0]
+        for i, (u, w) in enumerate(zip(x[4], y[4])):
+            if u != w:
+                assert program == "decode" and pre[(x[0].split(".", 1)[-1], x[1])][i] == w, (x[0], i, u, w)
+                strides += 1
+    assert program == "decode" or strides == 0
     layers = config.load(cfgp).layers
     assert over <= layers  # only attention calls, at most one per layer
 
