@@ -16,11 +16,14 @@ set -u; T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 H=${H:-/tmp/hfout}; rm -rf $H; mkdir -p $H; O=$OUT; OUT=$H
 pack() { cp /tmp/ref_hf.json /tmp/ref_mixed.json $OUT/ 2>/dev/null; tar cJf $O/batch_hf.tar.xz -C $H . 2>/dev/null; }
 left() { echo $(( ${CALL_S:-300} - ($(date +%s) - T0) - ${1:-10} )); }
-mkdir -p /tmp/deps && cp -r KIT2/kern/elftools /tmp/deps/
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/deps KIT2/kern/*.whl > $OUT/pip.log 2>&1; el "pip rc=$?"
-export PYTHONPATH=/tmp/deps:$PWD PYTHONUNBUFFERED=1
+if [ -z "${NO_PIP:-}" ]; then   # NO_PIP=1: kern-llm and pyelftools are on PYTHONPATH already (b17.sh)
+  mkdir -p /tmp/deps && cp -r KIT2/kern/elftools /tmp/deps/
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/deps KIT2/kern/*.whl > $OUT/pip.log 2>&1; el "pip rc=$?"
+  export PYTHONPATH=/tmp/deps:$PWD
+fi
+export PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > $OUT/machine.txt
-ck=/tmp/ck06; D=tests/fixtures/vllm/vllm-offline.tar.xz
+ck=${CK:-/tmp/ck06}; D=tests/fixtures/vllm/vllm-offline.tar.xz
 [ -f $ck/config.json ] || python3 examples/vllm_qwen3/make_checkpoint.py $ck --seed 5 > $OUT/ck.log 2>&1; el "checkpoint rc=$?"
 L=${LENGTHS:-"1,5,17,29,40,63,88,100,120,140,163,175,200,230,260,300,7,13,50,77,150,190,250,280"}
 timeout $(left 60) python3 -m compare.record_hf $ck /tmp/ref_hf.json --lengths $L --new ${NEW:-12} --seed 91 > $OUT/ref.log 2>&1
@@ -47,6 +50,6 @@ run_cmp one_seq /tmp/g1 /tmp/ref_hf.json --no-free-running
 run_cmp b1 /tmp/g64 /tmp/ref_hf.json --no-free-running
 lt=$(left 10); el "kern throughput with $lt s"
 [ $lt -gt 40 ] && timeout $lt python3 benchmarks/bench_batch_vs_vllm.py $ck /tmp/ref_hf.json $OUT/bench_kern.json \
-  --manifest /tmp/g64 --skip-vllm --concurrency ${CONC:-1,8,32,64} --new 64 > $OUT/bench.log 2>&1
+  --manifest /tmp/g64 ${BENCH_ARGS:---skip-vllm} --concurrency ${CONC:-1,8,32,64} --new 64 > $OUT/bench.log 2>&1
 el "bench rc=$?"; tail -25 $OUT/bench.log
 cp $ck/config.json $OUT/ 2>/dev/null; cp /tmp/g64/qwen3.json $OUT/g64.json; pack; ls -la $O
