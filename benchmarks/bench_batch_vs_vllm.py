@@ -13,7 +13,8 @@ after a warm-up run of the same batch. Each engine runs in a child process of it
   then `new` decode steps of the c sequences a call with the loop on the device (the argmax of
   every row fed back as its next token, positions, slots and lengths one further on the device, one
   synchronization at the end); the decode program is a CUDA graph per sequence count. Also the
-  decode step alone (the device loop's time over `new` steps, prefill excluded).
+  decode step alone (the device loop's time over `new` steps, prefill excluded) and the decode
+  program replayed back to back at the batch (`replay_step_us`: no host work between steps).
 With `--long-prompt N`: the warm time to the first token of one N-token prompt on each.
 `REF` is what `compare.run.prepare` checks the manifest against first (`mine compare`'s checks).
 """
@@ -109,7 +110,19 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
             return t2 - t0
 
         t = _median_after_warmup(batch)
-        rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing}
+        # the decode program alone, replayed back to back at this batch (its CUDA graph where the
+        # manifest asks for one), one sync at the end: the step a loop with no host work would give
+        args = {"rows": c, **({"seqs": c} if "seqs" in setup.m.get("vars", {}) else {})}
+        for _ in range(5):
+            host.rt.run(setup.serving.decode, args)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(50):
+            host.rt.run(setup.serving.decode, args)
+        torch.cuda.synchronize()
+        replay_us = (time.perf_counter() - t0) / 50 * 1e6
+        rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing, "replay_step_us": replay_us,
+                        "replay_tokens_per_s": c / replay_us * 1e6}
     doc = {"engine": f"kern {mdir}", "groups": host.groups, "concurrency": rows,
            "graph": setup.m["programs"][setup.serving.decode].get("graph", False)}
     if long_len:
