@@ -19,8 +19,11 @@ from typing import Optional
 from compare import checkpoint as ck
 from vocab.errors import UsageError
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "transformers")
 MODES = ("eager", "default")
+# the recorder module each engine runs in its child process, and the modes it has
+RECORDER = {"vllm": "compare.record_vllm", "transformers": "compare.record_hf"}
+ENGINE_MODES = {"vllm": MODES, "transformers": ("eager",)}
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ def check(checkpoint: Path, *, engine: str, mode: str, lengths: str, new: int, m
                          limit=ENGINES)
     if mode not in MODES:
         raise UsageError(f"--mode {mode!r} is not {' or '.join(MODES)}", value=mode, limit=MODES)
+    if mode not in ENGINE_MODES[engine]:
+        raise UsageError(f"--mode {mode!r}: {engine} records in {' or '.join(ENGINE_MODES[engine])} mode only",
+                         value=mode, limit=ENGINE_MODES[engine])
     try:
         ns = tuple(int(x) for x in lengths.split(","))
     except ValueError:
@@ -56,12 +62,15 @@ def check(checkpoint: Path, *, engine: str, mode: str, lengths: str, new: int, m
 
 
 def run(plan: Plan, out: Path, *, seed: int = 7, prompts: Optional[Path] = None, top_k: int = 20) -> int:
-    """Start the engine's recorder (`compare.record_vllm`) and wait for it; its exit status."""
+    """Start the engine's recorder (`compare.record_vllm`, `compare.record_hf`) and wait for it; its
+    exit status."""
     if importlib.util.find_spec(plan.engine) is None:
         raise UsageError(f"{plan.engine} is not importable here; record the reference on a host that serves with it")
-    args = [sys.executable, "-m", "compare.record_vllm", str(plan.checkpoint), str(out),
+    args = [sys.executable, "-m", RECORDER[plan.engine], str(plan.checkpoint), str(out),
             "--lengths", ",".join(map(str, plan.lengths)), "--new", str(plan.new), "--seed", str(seed),
-            "--mode", plan.mode, "--top-k", str(top_k), "--max-model-len", str(plan.max_model_len)]
+            "--top-k", str(top_k)]
+    if plan.engine == "vllm":
+        args += ["--mode", plan.mode, "--max-model-len", str(plan.max_model_len)]
     if prompts is not None:
         args += ["--prompts", str(prompts)]
     return subprocess.call(args, env=dict(os.environ))

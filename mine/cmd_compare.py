@@ -65,7 +65,8 @@ def compare_cmd(
 def reference_cmd(
     checkpoint: Path = typer.Argument(..., help="the checkpoint folder (config.json, *.safetensors)"),
     out: Path = typer.Option(..., "--out", "-o", help="the reference JSON to write"),
-    engine: Literal["vllm"] = typer.Option("vllm", "--engine", help="the engine to record"),
+    engine: Literal["vllm", "transformers"] = typer.Option("vllm", "--engine", help="the engine to record: vLLM, or "
+                                                            "the checkpoint's Hugging Face transformers model (eager only)"),
     mode: Literal["eager", "default"] = typer.Option("eager", "--mode",
                                                      help="eager, or default (torch.compile + CUDA graphs)"),
     lengths: str = typer.Option("1,37,300,2500", "--lengths", help="prompt lengths, comma-separated"),
@@ -81,6 +82,7 @@ def reference_cmd(
     Examples (need a GPU and vLLM):
 
       mine reference CKPT -o ref.json --lengths 1,37,300,2500 --new 64
+      mine reference CKPT -o ref.json --engine transformers --lengths 1,37,300 --new 12
     """
     from mine.checks import check_outputs
     from compare import record

@@ -217,6 +217,8 @@ CASES = [
     (["reference", "{t}/emptydir", "-o", "{t}/r.json"], "holds no *.safetensors"),
     (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--lengths", "a,b"], "--lengths"),
     (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--mode", "fast"], "--mode"),
+    (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--engine", "transformers", "--mode", "default"],
+     "transformers records in eager mode only"),
     (["reference", "{t}/emptydir", "-o", "{t}/r.json", "--lengths", "4000", "--new", "200"], "exceed --max-model-len"),
     (["reference", "{t}", "-o", "{t}/r.json"], "lies inside the input"),
 ]
