@@ -32,6 +32,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from common import finish  # noqa: E402
 
 
 def _prompts(ckpt: str, c: int, n: int, seed: int = 11) -> list[list[int]]:
@@ -178,14 +180,7 @@ def main() -> None:
             ratios[c] = round(k_ / v_, 3)
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": a.mode, "prompt_len": a.prompt_len,
            "new": a.new, "engines": engines, "kern_over_vllm_tokens_per_s": ratios}
-    try:
-        import torch
-
-        doc["gpu"] = torch.cuda.get_device_name(0)
-    except Exception as exc:  # noqa: BLE001 -- the record says why the name is missing
-        doc["gpu"] = f"unknown ({exc})"
-    a.out.write_text(json.dumps(doc, indent=1))
-    print(json.dumps(doc, indent=1))
+    finish(doc, a.out)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from common import finish  # noqa: E402
 
 
 def _prompt(ckpt: str, n: int) -> list[int]:
@@ -254,14 +256,7 @@ def main() -> None:
         if base and row.get("decode_step_us"):
             row["ratio_to_vllm"] = round(row["decode_step_us"] / base, 3)
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": a.mode, "engines": rows}
-    try:
-        import torch
-
-        doc["gpu"] = torch.cuda.get_device_name(0)
-    except Exception as exc:  # noqa: BLE001 -- the record says why the name is missing
-        doc["gpu"] = f"unknown ({exc})"
-    a.out.write_text(json.dumps(doc, indent=1))
-    print(json.dumps(doc, indent=1))
+    finish(doc, a.out)
 
 
 if __name__ == "__main__":

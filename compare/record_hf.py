@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-from compare import checkpoint, reference
-from compare.record_vllm import read_prompts, seeded_prompts
+from compare import reference
+from compare.record_vllm import recorder_args
 
 
 def step_of(logits, top_k: int) -> tuple[int, reference.Step]:
@@ -39,21 +38,7 @@ def step_of(logits, top_k: int) -> tuple[int, reference.Step]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--lengths", default="1,37,300")
-    ap.add_argument("--new", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--prompts", type=Path)
-    ap.add_argument("--top-k", type=int, default=20)
-    a = ap.parse_args(argv)
-    cfg = checkpoint.config(a.checkpoint)
-    if not cfg:
-        raise SystemExit(f"{a.checkpoint} has no config.json")
-    vocab = int(cfg["vocab_size"])
-    prompts = read_prompts(a.prompts, vocab) if a.prompts else \
-        seeded_prompts([int(x) for x in a.lengths.split(",")], vocab, a.seed)
-    fp = checkpoint.fingerprint(a.checkpoint)
+    a, cfg, prompts, fp = recorder_args(ap, argv, "1,37,300", 16)
     import torch
     import transformers
     from transformers import AutoModelForCausalLM

@@ -41,6 +41,27 @@ def read_prompts(path: Path, vocab: int) -> list[list[int]]:
     return doc
 
 
+def recorder_args(ap, argv, lengths: str, new: int):
+    """The options every recorder takes (checkpoint, out, --lengths, --new, --seed, --prompts,
+    --top-k), parsed after the caller's own were added to `ap`; returns (args, config, prompts,
+    the checkpoint's fingerprint)."""
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--lengths", default=lengths)
+    ap.add_argument("--new", type=int, default=new)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--prompts", type=Path)
+    ap.add_argument("--top-k", type=int, default=20)
+    a = ap.parse_args(argv)
+    cfg = checkpoint.config(a.checkpoint)
+    if not cfg:
+        raise SystemExit(f"{a.checkpoint} has no config.json")
+    vocab = int(cfg["vocab_size"])
+    prompts = read_prompts(a.prompts, vocab) if a.prompts else \
+        seeded_prompts([int(x) for x in a.lengths.split(",")], vocab, a.seed)
+    return a, cfg, prompts, checkpoint.fingerprint(a.checkpoint)
+
+
 def snapshot_now() -> None:
     """Under `mine capture` with MINE_CAPTURE_SNAPSHOT_SIGNAL=1: ask for the device snapshot now,
     when the engine has loaded its weights and run its warm-up, before the first request
@@ -54,24 +75,10 @@ def snapshot_now() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--lengths", default="1,37,300,2500")
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--prompts", type=Path)
     ap.add_argument("--mode", choices=("eager", "default"), default="eager")
-    ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.30)
-    a = ap.parse_args(argv)
-    cfg = checkpoint.config(a.checkpoint)
-    if not cfg:
-        raise SystemExit(f"{a.checkpoint} has no config.json")
-    vocab = int(cfg["vocab_size"])
-    prompts = read_prompts(a.prompts, vocab) if a.prompts else \
-        seeded_prompts([int(x) for x in a.lengths.split(",")], vocab, a.seed)
-    fp = checkpoint.fingerprint(a.checkpoint)
+    a, cfg, prompts, fp = recorder_args(ap, argv, "1,37,300,2500", 64)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
