@@ -81,12 +81,16 @@ class Op:
     def __init__(self, name: str, insts: list, scratch: dict, cfg, mined: Mined, T, S=None):
         self.name, self.iface, self.kinds, self.scalars, self.T = name, [], {}, [], T
         launches = []
-        for role, inst in insts:
-            grid = _grid(role, cfg, mined, T, S)
+        for role, inst, *guard in insts:
+            guard = guard[0] if guard else None      # {"var", "min", "max"?}: a build serving a range of a var
+            one = guard is not None and guard.get("max") == 1   # a build that serves one sequence only
+            grid = _grid(role, cfg, mined, 1, None) if one else _grid(role, cfg, mined, T, S)
             for x in inst.launches:
-                if x.seqs != 1 and S is None:
-                    continue  # a batched warm-up: its grid was proved by `mined._seqs`
-                if not _grid_agrees(grid, x, S is not None):
+                if (x.seqs != 1 and S is None) or (guard is not None and x.tokens != x.seqs):
+                    # a batched warm-up (its grid was proved by `mined._seqs`); or a build borrowed from
+                    # prefill for decode, whose prefill launches the prefill op checks
+                    continue
+                if not _grid_agrees(grid, x, S is not None and not one):
                     raise WiringMismatch(f"{x.site()}: grid {list(x.grid)}, but vLLM's launch rule the generator "
                                          f"writes gives {[_eval(g, x.tokens, x.seqs) for g in grid]}")
             params, args = [], []
@@ -123,7 +127,9 @@ class Op:
                     args.append(key)
             launch = {"module": None, "entry": inst.symbol, "block": list(inst.block), "grid": grid,
                       "params": params, "args": args, "_sha": inst.sha256}
-            if inst.when is not None and not isinstance(T, int):
+            if guard is not None:
+                launch["when"] = dict(guard)
+            elif inst.when is not None and not isinstance(T, int):
                 lo, hi = inst.when
                 if T != "rows":
                     raise WiringMismatch(f"{inst.launches[0].site()}: a build split by rows where the row count "
@@ -204,7 +210,8 @@ def _variants(mined: Mined, phase: str, role: str) -> list:
 def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1) -> dict:
     """The ops of one phase. A batched manifest (max_seqs > 1) runs decode over the `seqs` var (one
     row a sequence) with the decode builds' row-following scalars read from prefill
-    (`mined.batched_decode`), and its split-KV scratch sized for max_seqs rows."""
+    (`mined.batched_decode`); its attention is the captured split-KV pair at one sequence and the
+    prefill's one-pass build above (comment below)."""
     batched = max_seqs > 1
     S = "seqs" if batched else None
     T = "rows" if phase == "p" else ("seqs" if batched else 1)
@@ -221,8 +228,18 @@ def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1) -> dict:
         pad = 1 << (cfg.head_dim - 1).bit_length()
         seg = {"segm_out": cfg.heads * mined.segments * pad, "segm_max": cfg.heads * mined.segments,
                "segm_expsum": cfg.heads * mined.segments}
-        seg = {k: v * max_seqs for k, v in seg.items()}
-        ops["attn"] = Op("d.attn", variants("d", "attn3d") + variants("d", "reduce"), seg, cfg, mined, T, S)
+        split = variants("d", "attn3d") + variants("d", "reduce")
+        if batched:
+            # vLLM's split-KV decode builds were compiled for one sequence: Triton folds an integer
+            # argument equal to 1 into the build, and reduce_segments' sequence count is one (its
+            # one-sequence build takes 12 parameters, the build vLLM launches for several sequences
+            # 13: tests/fixtures/batched/q2b). So they serve seqs 1 only, and above it the decode
+            # runs the prefill's one-pass attention build, whose sequence count is a parameter (what
+            # vLLM itself launches for decode batches past its split-KV threshold).
+            one = {"var": "seqs", "min": 1, "max": 1}
+            split = [(r, x, one) for r, x in split] + [("attn", x, {"var": "seqs", "min": 2})
+                                                        for _, x in variants("p", "attn")]
+        ops["attn"] = Op("d.attn", split, seg, cfg, mined, T, S)
     return ops
 
 

@@ -238,6 +238,13 @@ def _scalar(inst: Instance, i: int) -> tuple:
         raise WiringMismatch(f"{xs[0].site()}: float param #{i} changes between launches; only integers may follow the token count")
     t = np.array([x.tokens for x in xs], dtype=np.int64)
     v = vals.astype(np.int64)
+    multi = vals[t > 1]
+    if typ == "i64" and len(multi) and (multi == multi[0]).all():
+        # only one-row launches disagree: the stride of a dimension of size 1, which PyTorch sets as
+        # its view computes it (vLLM's one-token value view of the fused qkv output: 768 where rows
+        # are 2304 apart); a launch of one row never reads it, so the rows' stride serves every launch
+        m0 = int(multi[0])
+        return ("const", typ, m0 - (1 << 64) if m0 >= 1 << 63 else m0)
     if len(np.unique(t)) >= 2:
         i0, i1 = np.argmin(t), np.argmax(t)
         a, rem = divmod(int(v[i1] - v[i0]), int(t[i1] - t[i0]))

@@ -178,9 +178,38 @@ def test_n_sequences_run_n_rows(capture, n):
             assert args[at] == pre_by[(label, entry)][at] == n * heads.get(label.split(".", 1)[-1], 1), label
             checked += 1
     assert checked >= 3 * cfg.layers
-    scratch = m["ops"]["d.attn"]["impl"]["scratch"]
-    one = _manifest(dump, cfgp, 1)[3]["ops"]["d.attn"]["impl"]["scratch"]
-    assert {k: v["shape"][0] for k, v in scratch.items()} == {k: 64 * v["shape"][0] for k, v in one.items()}
+    # the split-KV pair serves one sequence only (its scratch as the one-sequence manifest's)
+    assert m["ops"]["d.attn"]["impl"]["scratch"] == _manifest(dump, cfgp, 1)[3]["ops"]["d.attn"]["impl"]["scratch"]
+
+
+def test_decode_attention_above_one_sequence_is_the_prefill_build(capture):
+    """vLLM's split-KV decode builds are compiled for one sequence (Triton folds an integer equal to
+    1 into the build: reduce_segments' sequence count), so the batched decode runs them at seqs 1
+    only and the prefill's one-pass build (its sequence count a parameter) from 2 on; the ranges
+    partition 1.. and each launch is the module and entry of the build it names."""
+    dump, cfgp = capture
+    m = _manifest(dump, cfgp, 64)[3]
+    dec = m["ops"]["d.attn"]["impl"]["launches"]
+    pre = m["ops"]["p.attn"]["impl"]["launches"]
+    assert [ln["when"] for ln in dec] == [{"var": "seqs", "min": 1, "max": 1}] * 2 + [{"var": "seqs", "min": 2}]
+    assert (dec[2]["module"], dec[2]["entry"], dec[2]["block"]) == (pre[0]["module"], pre[0]["entry"], pre[0]["block"])
+    assert "reduce_segments" in dec[1]["entry"] and len(dec[0]["params"]) == len(dec[2]["params"]) + 3
+
+
+def test_a_batched_capture_shows_the_one_sequence_specialisation():
+    """The fact the rule above rests on, read from a capture of concurrent requests (q2b, vLLM eager
+    serving 1, 8 and 32 requests at once): reduce_segments runs one build at one sequence and
+    another, with one parameter more (the sequence count), at several."""
+    from mining.load import load_dump
+    from generators.qwen3.mined import _launches
+
+    xs = [x for x in _launches(load_dump(FIXTURES / "batched" / "q2b.tar.xz", cache=False)) if x.tag == "reduce"]
+    by_build = {}
+    for x in xs:
+        by_build.setdefault((x.sha256, len(x.sizes)), set()).add(x.grid[0])   # grid x: one block a sequence
+    assert len(by_build) == 2
+    (one, n1), (many, n2) = sorted(by_build.items(), key=lambda kv: min(kv[1]))
+    assert n1 == {1} and min(n2) > 1 and many[1] == one[1] + 1
 
 
 @pytest.mark.parametrize("bad", ["0", "4096"])
