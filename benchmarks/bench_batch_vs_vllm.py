@@ -114,7 +114,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
         t = _median_after_warmup(batch)
         # the decode program alone, replayed back to back at this batch (its CUDA graph where the
         # manifest asks for one), one sync at the end: the step a loop with no host work would give
-        args = {"rows": c, **({"seqs": c} if "seqs" in setup.m.get("vars", {}) else {})}
+        args = host.vars(c, c)
         for _ in range(5):
             host.rt.run(setup.serving.decode, args)
         torch.cuda.synchronize()

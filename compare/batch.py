@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from compare.host import KernHost
-from compare.serving import ManifestError
+from compare.serving import ManifestError, groups
 
 
 @dataclass(frozen=True)
@@ -114,44 +114,34 @@ class BatchHost(KernHost):
         s = self.s
         width = int(self.v["blocks"].shape[-1]) if "blocks" in self.v else 1
         self.layout = Layout.for_context(max_len or s.max_len, s.block_size, width)
-        self.groups = int(self.m["programs"][s.decode].get("batch", {}).get("groups", 1))
+        self.groups = groups(self.m, s.decode)
 
     def feed(self, rows: Sequence[Row]) -> int:
         """Write one call's inputs for `rows`; returns its row count."""
-        torch, v = self.torch, self.v
+        torch = self.torch
         arrays = step_inputs(self.layout, rows)
-        for fill, t in v.items():
+        for fill, t in self.v.items():
             a = arrays[fill]
-            flat = t.view(-1) if fill != "blocks" else t
-            if fill == "blocks":
+            if fill == "blocks":      # [seqs, width]: the step's rows, the rest cleared
                 t.zero_()
-                t[:len(a)] = torch.as_tensor(a, dtype=t.dtype, device=t.device)
             else:
-                flat[:len(a)] = torch.as_tensor(a, dtype=t.dtype, device=t.device)
+                t = t.view(-1)
+            t[:len(a)] = torch.as_tensor(a, dtype=t.dtype, device=t.device)
         torch.cuda.synchronize()
         return int(arrays["cu_seqlens"][-1])
 
     def run(self, program: str, rows: Sequence[Row]) -> None:
-        groups = int((self.m["programs"][program].get("batch") or {}).get("groups", 1))
-        if len(rows) > groups:
-            raise ManifestError(f"a call of {len(rows)} sequences, but program {program!r} runs at most {groups}")
-        n = self.feed(rows)
-        args = {"rows": n}
-        if "seqs" in self.m.get("vars", {}):
-            args["seqs"] = len(rows)
-        self.rt.run(program, args)
+        most = groups(self.m, program)
+        if len(rows) > most:
+            raise ManifestError(f"a call of {len(rows)} sequences, but program {program!r} runs at most {most}")
+        self.rt.run(program, self.vars(self.feed(rows), len(rows)))
         self.torch.cuda.synchronize()
-
-    def prefill_seq(self, seq: int, ids: Sequence[int]) -> None:
-        """Land the KV of one sequence's `ids` (positions 0..) in chunks of the prefill's rows."""
-        for a in range(0, len(ids), self.s.chunk):
-            self.run(self.s.prefill, [Row(seq, a, tuple(ids[a:a + self.s.chunk]))])
 
     def prefill_packed(self, prompts: Sequence[tuple[int, Sequence[int]]]) -> int:
         """Land several prompts' KV ((sequence slot, ids) each) in packed prefill calls
         (`packed_calls` over the prefill program's rows and groups); returns the calls made."""
-        pg = int((self.m["programs"][self.s.prefill].get("batch") or {}).get("groups", 1))
-        calls = packed_calls([(q, list(ids)) for q, ids in prompts if ids], self.s.chunk, pg)
+        calls = packed_calls([(q, list(ids)) for q, ids in prompts if ids], self.s.chunk,
+                             groups(self.m, self.s.prefill))
         for rows in calls:
             self.run(self.s.prefill, rows)
         return len(calls)
@@ -166,22 +156,6 @@ class BatchHost(KernHost):
         `KernHost.decode_on_device`, per row: argmax into the token input, positions, slots and
         lengths one further; a sequence's slots stay consecutive inside its own pages, so one more
         position is one more slot). The tokens chosen, per sequence."""
-        torch, v, s = self.torch, self.v, self.s
-        n = self.feed(rows)
-        if n != len(rows):
+        if self.feed(rows) != len(rows):
             raise ValueError("a decode step feeds one token a sequence")
-        args = {"rows": n, **({"seqs": n} if "seqs" in self.m.get("vars", {}) else {})}
-        stream = torch.cuda.current_stream()
-        out = torch.empty((steps, n), dtype=torch.int64, device=v["token"].device)
-        logits = self.logits_v.view(-1, s.vocab)[:n]
-        tok = v["token"].view(-1)[:n]
-        moving = [v[f].view(-1)[:n] for f in ("position", "slot", "seq_len") if f in v]
-        for k in range(steps):
-            self.rt.enqueue_after(s.decode, args, stream.cuda_stream)
-            nxt = torch.argmax(logits, dim=-1)
-            out[k] = nxt
-            tok.copy_(nxt)
-            for t in moving:
-                t.add_(1)
-        torch.cuda.synchronize()
-        return out.t().tolist()
+        return self.device_loop(len(rows), steps)

@@ -55,9 +55,9 @@ class KernHost:
             flat[:n] = 1
         torch.cuda.synchronize()
 
-    def vars(self, rows: int) -> dict:
-        """The var values a program of this manifest runs one sequence of `rows` rows with."""
-        return {"rows": rows, "seqs": 1} if "seqs" in self.m.get("vars", {}) else {"rows": rows}
+    def vars(self, rows: int, seqs: int = 1) -> dict:
+        """The var values a program of this manifest runs `seqs` sequences of `rows` rows in all with."""
+        return {"rows": rows, "seqs": seqs} if "seqs" in self.m.get("vars", {}) else {"rows": rows}
 
     def _run(self, program: str, rows: int) -> None:
         self.rt.run(program, self.vars(rows))
@@ -93,23 +93,28 @@ class KernHost:
         the logits back and writes the next inputs pays a round trip a step, which is what keeps
         an engine's GPU idle (docs/benchmarks.md, session 20). Slots follow positions, as `_feed`
         lays a sequence's pages out."""
-        torch, v, s = self.torch, self.v, self.s
         self._feed([token], position)
+        return [t[0] for t in self.device_loop(1, steps)]
+
+    def device_loop(self, n: int, steps: int) -> list[list[int]]:
+        """`steps` greedy decode steps of the n sequences whose inputs are written, one row each, with
+        the loop on the device (`decode_on_device`); the tokens chosen, per sequence."""
+        torch, v, s = self.torch, self.v, self.s
         stream = torch.cuda.current_stream()
-        out = torch.empty(steps, dtype=torch.int64, device=v["token"].device)
-        args = self.vars(1)
-        logits = self.logits_v.view(-1, s.vocab)[0]
-        tok = v["token"].view(-1)[:1]
-        moving = [v[f].view(-1)[:1] for f in ("position", "slot", "seq_len") if f in v]
+        out = torch.empty((steps, n), dtype=torch.int64, device=v["token"].device)
+        args = self.vars(n, n)
+        logits = self.logits_v.view(-1, s.vocab)[:n]
+        tok = v["token"].view(-1)[:n]
+        moving = [v[f].view(-1)[:n] for f in ("position", "slot", "seq_len") if f in v]
         for k in range(steps):
             self.rt.enqueue_after(s.decode, args, stream.cuda_stream)
-            nxt = torch.argmax(logits)
+            nxt = torch.argmax(logits, dim=-1)
             out[k] = nxt
             tok.copy_(nxt)
             for t in moving:
                 t.add_(1)
         torch.cuda.synchronize()
-        return out.tolist()
+        return out.t().tolist()
 
     def next_token(self) -> int:
         """The manifest's own greedy choice after the last decode (its `tokens` output)."""

@@ -32,8 +32,7 @@ def step_of(logits, top_k: int) -> tuple[int, reference.Step]:
     top = torch.topk(lp, top_k)
     pairs = {int(i): float(v) for i, v in zip(top.indices.tolist(), top.values.tolist())}
     pairs.setdefault(tok, float(lp[tok].item()))
-    best = sorted(pairs.items(), key=lambda p: -p[1])
-    return tok, reference.Step(tuple(i for i, _ in best), tuple(min(v, 0.0) for _, v in best))
+    return tok, reference.best_first(pairs)
 
 
 def main(argv: list[str] | None = None) -> None:

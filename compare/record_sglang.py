@@ -63,8 +63,7 @@ def request_from_answer(prompt: list[int], answer: dict, top_k: int, where: str)
             raise reference.ReferenceError(f"{where}: output_top_logprobs[{j}] is not a list of {top_k} entries")
         pairs = dict(_triple(x, f"{where}: output_top_logprobs[{j}][{k}]") for k, x in enumerate(top))
         pairs.setdefault(cid, clp)          # the chosen token too, as compare.record_vllm keeps it
-        best = sorted(pairs.items(), key=lambda p: -p[1])
-        steps.append(reference.Step(tuple(i for i, _ in best), tuple(min(lp, 0.0) for _, lp in best)))
+        steps.append(reference.best_first(pairs))
     return reference.Request(tuple(prompt), tuple(int(t) for t in out), tuple(steps))
 
 

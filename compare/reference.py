@@ -54,6 +54,13 @@ class Reference:
         return int(self.model["vocab_size"])
 
 
+def best_first(pairs: dict) -> Step:
+    """A step from {token id: log-probability}, best first, each log-probability at most 0 (a
+    recorder's float rounding must not make one positive)."""
+    best = sorted(pairs.items(), key=lambda p: -p[1])
+    return Step(tuple(i for i, _ in best), tuple(min(lp, 0.0) for _, lp in best))
+
+
 def to_json(ref: Reference) -> dict:
     return {
         "format": FORMAT, "engine": ref.engine, "mode": ref.mode, "made": ref.made, "model": ref.model,

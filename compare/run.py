@@ -150,9 +150,9 @@ def check_batch(setup: Setup, batch: int) -> None:
     """Refuse, before the GPU, a --batch the manifest's decode cannot run in one call, or a reference
     whose requests need more context than a sequence slot of the batched layout holds."""
     m, s = setup.m, setup.serving
-    groups = int((m["programs"][s.decode].get("batch") or {}).get("groups", 1))
-    if batch > groups:
-        raise ManifestError(f"--batch {batch}: the decode program {s.decode!r} runs at most {groups} sequence(s) a call")
+    most = serving.groups(m, s.decode)
+    if batch > most:
+        raise ManifestError(f"--batch {batch}: the decode program {s.decode!r} runs at most {most} sequence(s) a call")
     if "blocks" in s.inputs:
         from compare.batch import Layout
 
@@ -234,12 +234,10 @@ def compare(setup: Setup, bounds: verdict.Bounds, gpu: int = 0, free: bool = Tru
     if batch > 1:
         from compare.batch import BatchHost
 
+        check_batch(setup, batch)
         need = max(len(r.prompt) + len(r.output) for r in setup.ref.requests)
         host = BatchHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, gpu,
                          max_len=need)
-        if batch > host.groups:
-            raise ManifestError(f"--batch {batch}: the decode program {setup.serving.decode!r} runs at most "
-                                f"{host.groups} sequences a call")
     else:
         host = KernHost(setup.manifest_path, setup.kernels, setup.m, setup.serving, setup.weight_files, gpu)
     load_s = time.time() - t0

@@ -127,6 +127,11 @@ def serving(m: dict, logits: Optional[str] = None) -> Serving:
     return Serving(prefill, decode, inputs, nxt, logits, vocab, int(chunk), min(limits), block, binds)
 
 
+def groups(m: dict, program: str) -> int:
+    """The most sequences program `program` runs in one call (its `batch.groups`; 1 without a batch)."""
+    return int((m["programs"][program].get("batch") or {}).get("groups", 1))
+
+
 def elements(m: dict, b: dict) -> Optional[int]:
     """A buffer's element count at its largest shape, None when a dim is unresolved."""
     n = 1

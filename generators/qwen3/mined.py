@@ -604,7 +604,7 @@ def batched_decode(mined: Mined) -> dict:
     for (phase, role), variants in mined.instances.items():
         if phase != "d":
             continue
-        same = [p for p in mined.instances.get(("p", role), [])]
+        same = mined.instances.get(("p", role), [])
         new = []
         for inst in variants:
             twin = next((p for p in same if (p.symbol, p.sha256, p.sizes) == (inst.symbol, inst.sha256, inst.sizes)), None)
