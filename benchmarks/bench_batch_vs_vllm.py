@@ -14,7 +14,8 @@ after a warm-up run of the same batch. Each engine runs in a child process of it
   every row fed back as its next token, positions, slots and lengths one further on the device, one
   synchronization at the end); the decode program is a CUDA graph per sequence count. Also the
   decode step alone (the device loop's time over `new` steps, prefill excluded) and the decode
-  program replayed back to back at the batch (`replay_step_us`: no host work between steps).
+  program replayed back to back at the batch (`replay_step_us`: no host work between steps), with
+  the device time of that step and its largest kernels from torch.profiler (`replay_gpu_busy_us`).
 With `--long-prompt N`: the warm time to the first token of one N-token prompt on each.
 `REF` is what `compare.run.prepare` checks the manifest against first (`mine compare`'s checks).
 """
@@ -85,6 +86,8 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
 
 def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
     import torch
+    from bench_decode_vs_vllm import _kernel_us, _per_kernel, _table
+    from torch.profiler import ProfilerActivity, profile
 
     from compare.batch import BatchHost, Row
     from compare.run import prepare
@@ -123,8 +126,17 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
             host.rt.run(setup.serving.decode, args)
         torch.cuda.synchronize()
         replay_us = (time.perf_counter() - t0) / 50 * 1e6
+        # where the replayed step's time goes: device time per step (kernels, copies, memsets) and
+        # the kernels that take most of it, from torch.profiler over 20 replays
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                host.rt.run(setup.serving.decode, args)
+            torch.cuda.synchronize()
+        busy = _kernel_us(prof)
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing, "replay_step_us": replay_us,
-                        "replay_tokens_per_s": c / replay_us * 1e6}
+                        "replay_tokens_per_s": c / replay_us * 1e6,
+                        "replay_gpu_busy_us": None if busy is None else busy / 20,
+                        "replay_kernels": _table(_per_kernel(prof), None, 20, top=12)}
     doc = {"engine": f"kern {mdir}", "groups": host.groups, "concurrency": rows,
            "graph": setup.m["programs"][setup.serving.decode].get("graph", False)}
     if long_len:
