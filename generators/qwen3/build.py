@@ -83,6 +83,9 @@ class Op:
         launches = []
         for role, inst, *guard in insts:
             guard = guard[0] if guard else None      # {"var", "min", "max"?}: a build serving a range of a var
+            if guard is None and inst.when is not None and isinstance(T, int) and not (
+                    inst.when[0] <= T and (inst.when[1] is None or T <= inst.when[1])):
+                continue                              # a build for other row counts than this op's fixed one
             one = guard is not None and guard.get("max") == 1   # a build that serves one sequence only
             grid = _grid(role, cfg, mined, 1, None) if one else _grid(role, cfg, mined, T, S)
             for x in inst.launches:
@@ -131,7 +134,7 @@ class Op:
                 launch["when"] = dict(guard)
             elif inst.when is not None and not isinstance(T, int):
                 lo, hi = inst.when
-                if T != "rows":
+                if T not in ("rows", "seqs"):
                     raise WiringMismatch(f"{inst.launches[0].site()}: a build split by rows where the row count "
                                          f"is the var {T}")
                 launch["when"] = {"var": T, "min": lo, **({"max": hi} if hi is not None else {})}
@@ -229,7 +232,12 @@ def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1) -> dict:
         seg = {"segm_out": cfg.heads * mined.segments * pad, "segm_max": cfg.heads * mined.segments,
                "segm_expsum": cfg.heads * mined.segments}
         split = variants("d", "attn3d") + variants("d", "reduce")
-        if batched:
+        if batched and any(x.seqs > 1 for _, i in split for x in i.launches):
+            # a capture of concurrent requests shows the split-KV pair at several sequences: its own
+            # builds serve the sequence counts they were seen at (`mined._split_builds`' ranges), and
+            # the segment scratch holds a row of segments per sequence (one query row each)
+            seg = {k: n * max_seqs for k, n in seg.items()}
+        elif batched:
             # vLLM's split-KV decode builds were compiled for one sequence: Triton folds an integer
             # argument equal to 1 into the build, and reduce_segments' sequence count is one (its
             # one-sequence build takes 12 parameters, the build vLLM launches for several sequences

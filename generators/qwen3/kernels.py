@@ -25,6 +25,8 @@ class Family:
     ptrs: dict                      # index -> (role, direction, dtype | "state")
     floats: frozenset = field(default_factory=frozenset)
     exclude: str = ""
+    seqs: int | None = None         # index of the sequence count, passed as the manifest's `seqs` var
+    inserted: int | None = None     # a build with one parameter more than the family's first: where it sits
 
 
 FAMILIES = {
@@ -49,7 +51,7 @@ FAMILIES = {
     "attn": Family("kernel_unified_attention", 28, {
         0: ("out", "out", BF16), 1: ("query", "in", BF16), 2: ("k_cache", "in", "state"), 3: ("v_cache", "in", "state"),
         4: ("block_table", "in", I32), 5: ("seq_lens", "in", I32), 7: ("k_scale", "in", F32), 8: ("v_scale", "in", F32),
-        17: ("seq_lens", "in", I32), 24: ("cu_seqlens", "in", I32)}, frozenset({6, 9, 10}), exclude="diffkv"),
+        17: ("seq_lens", "in", I32), 24: ("cu_seqlens", "in", I32)}, frozenset({6, 9, 10}), exclude="diffkv", seqs=25),
     # reduce_segments(out, segm_output, segm_max, segm_expsum, seq_lens, f32 out_scale_inv, 3 x i64, query_start_len, 2 scratch)
     "reduce": Family("reduce_segments", 12, {
         0: ("out", "out", BF16), 1: ("segm_out", "in", F32), 2: ("segm_max", "in", F32), 3: ("segm_expsum", "in", F32),
@@ -58,7 +60,31 @@ FAMILIES = {
 # The 3D (split-KV decode) build of kernel_unified_attention adds the three segment buffers.
 ATTN3D = Family("kernel_unified_attention", 31, {
     **FAMILIES["attn"].ptrs, 26: ("segm_out", "out", F32), 27: ("segm_max", "out", F32), 28: ("segm_expsum", "out", F32)},
-    FAMILIES["attn"].floats)
+    FAMILIES["attn"].floats, seqs=25)
+# reduce_segments as Triton builds it for more than one sequence: its unannotated `num_seqs` is 1 in
+# a single-sequence forward, which Triton folds into the build (the 12-parameter ABI above); at
+# several sequences it is parameter 5 (13 parameters; tests/fixtures/batched/q2b shows both).
+REDUCE_SEQS = Family("reduce_segments", 13, {
+    **{i: r for i, r in FAMILIES["reduce"].ptrs.items() if i < 5}, 10: ("cu_seqlens", "in", I32)},
+    frozenset({6}), seqs=5, inserted=5)
+# tag -> the builds of other ABI lengths a tag's kernel has
+BUILDS = {"reduce": (FAMILIES["reduce"], REDUCE_SEQS)}
+
+
+def family_of(tag_: str, role: str, n_params: int) -> Family:
+    """The family of one launch: its tag's (or the 3D attention's), the build matching its ABI
+    length where the kernel has several (a kernel Triton specialises on a sequence count of one)."""
+    if role == "attn3d":
+        return ATTN3D
+    return next((f for f in BUILDS.get(tag_, ()) if f.n_params == n_params), FAMILIES[tag_])
+
+
+def base_index(fam: Family, i: int) -> int:
+    """Parameter i of a build as the index it has in the family's first ABI (None-free: the
+    inserted parameter itself maps to -1)."""
+    if fam.inserted is None or i < fam.inserted:
+        return i
+    return -1 if i == fam.inserted else i - 1
 
 # rms_norm's and fused_add's hidden-size and token-count scalars, used to read a forward's structure
 RMS_TOKENS, RMS_HIDDEN = 10, 11

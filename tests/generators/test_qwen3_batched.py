@@ -37,6 +37,9 @@ from vocab.expr import evaluate, from_wire
 CAPTURES = {
     "bundled": (FIXTURES / "vllm" / "vllm-offline.tar.xz", ROOT / "examples/vllm_qwen3/reference/config.json"),
     "q3x": (FIXTURES / "compile" / "q3x.tar.xz", FIXTURES / "compile" / "q3x.config.json"),
+    # vLLM serving 1, 8 and 32 requests at once: decode forwards of many sequences, each build's
+    # grids and scalars seen at several sequence counts (two reduce_segments builds)
+    "q2b": (FIXTURES / "batched" / "q2b.tar.xz", FIXTURES / "batched" / "q2b.config.json"),
 }
 
 
@@ -51,7 +54,7 @@ def _sim(tmp: str):
     return d, CAPTURES["bundled"][1]
 
 
-@pytest.fixture(scope="module", params=["bundled", "q3x", "sim"])
+@pytest.fixture(scope="module", params=["bundled", "q3x", "q2b", "sim"])
 def capture(request, tmp_path_factory):
     if request.param == "sim":
         return _sim(str(tmp_path_factory.getbasetemp()))
@@ -178,19 +181,39 @@ def test_n_sequences_run_n_rows(capture, n):
             assert args[at] == pre_by[(label, entry)][at] == n * heads.get(label.split(".", 1)[-1], 1), label
             checked += 1
     assert checked >= 3 * cfg.layers
-    # the split-KV pair serves one sequence only (its scratch as the one-sequence manifest's)
-    assert m["ops"]["d.attn"]["impl"]["scratch"] == _manifest(dump, cfgp, 1)[3]["ops"]["d.attn"]["impl"]["scratch"]
+    # the split-KV scratch: as the one-sequence manifest's where the pair serves one sequence only,
+    # a row of segments per sequence where the capture ran it for several
+    one = _manifest(dump, cfgp, 1)[3]["ops"]["d.attn"]["impl"]["scratch"]
+    rows = 64 if _split_kv_batched(m) else 1
+    assert m["ops"]["d.attn"]["impl"]["scratch"] == {k: {**v, "shape": [v["shape"][0] * rows]} for k, v in one.items()}
 
 
-def test_decode_attention_above_one_sequence_is_the_prefill_build(capture):
-    """vLLM's split-KV decode builds are compiled for one sequence (Triton folds an integer equal to
-    1 into the build: reduce_segments' sequence count), so the batched decode runs them at seqs 1
-    only and the prefill's one-pass build (its sequence count a parameter) from 2 on; the ranges
-    partition 1.. and each launch is the module and entry of the build it names."""
+def _split_kv_batched(m) -> bool:
+    """Whether the batched decode runs the captured split-KV pair past one sequence (a capture of
+    concurrent requests) rather than the prefill's one-pass build."""
+    return any(len(ln["params"]) > 28 and "when" not in ln for ln in m["ops"]["d.attn"]["impl"]["launches"])
+
+
+def test_decode_attention_past_one_sequence(capture):
+    """A single-sequence capture: vLLM's split-KV decode builds are compiled for one sequence (Triton
+    folds an integer equal to 1 into the build: reduce_segments' sequence count), so the batched
+    decode runs them at seqs 1 only and the prefill's one-pass build (its sequence count a parameter)
+    from 2 on. A capture of concurrent requests (q2b) shows the pair at several sequences: the 3D
+    attention serves every count and reduce_segments' two builds split at 2, the general one taking
+    the sequence count as its parameter 5. Either way the ranges partition 1.. and each launch is
+    the module and entry of the build it names."""
     dump, cfgp = capture
     m = _manifest(dump, cfgp, 64)[3]
     dec = m["ops"]["d.attn"]["impl"]["launches"]
     pre = m["ops"]["p.attn"]["impl"]["launches"]
+    seen_many = any(x.seqs > 1 for x in _manifest(dump, cfgp, 64)[1].instances[("d", "reduce")][-1].launches)
+    assert _split_kv_batched(m) == seen_many
+    if seen_many:
+        assert [ln.get("when") for ln in dec] == [None, {"var": "seqs", "min": 1, "max": 1}, {"var": "seqs", "min": 2}]
+        assert [len(ln["params"]) for ln in dec[1:]] == [12, 13] and dec[1]["entry"] == dec[2]["entry"]
+        assert dec[2]["args"][5] == {"param": next(i for i, p in enumerate(m["ops"]["d.attn"]["params"]) if p == "i32"
+                                                   and dec[0]["args"][25] == {"param": i})}
+        return
     assert [ln["when"] for ln in dec] == [{"var": "seqs", "min": 1, "max": 1}] * 2 + [{"var": "seqs", "min": 2}]
     assert (dec[2]["module"], dec[2]["entry"], dec[2]["block"]) == (pre[0]["module"], pre[0]["entry"], pre[0]["block"])
     assert "reduce_segments" in dec[1]["entry"] and len(dec[0]["params"]) == len(dec[2]["params"]) + 3
