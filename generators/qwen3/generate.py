@@ -27,7 +27,8 @@ from vocab.errors import RejectedManifest, UsageError
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS_TOML = ROOT / "kernels.toml"
 # this repository's own kernels the manifest launches: role -> (kernels.toml module, entry)
-OWN = {"embed": ("mine_embed", "mine_embed_rows"), "argmax": ("mine_argmax", "mine_argmax_rows")}
+OWN = {"embed": ("mine_embed", "mine_embed_rows"), "argmax": ("mine_argmax", "mine_argmax_rows"),
+       "reduce": ("mine_reduce", "mine_reduce_segments")}
 
 
 @dataclass
