@@ -21,7 +21,7 @@ from vocab.wire import EXTERN_PARAMS, SCHEMA_VERSION
 
 from generators.qwen3 import GENERATOR, VERSION
 from generators.qwen3.kernels import ptype
-from generators.qwen3.mined import Instance, Mined, WiringMismatch, batched_decode
+from generators.qwen3.mined import Mined, WiringMismatch, batched_decode
 
 GEMM = ("extern:cublaslt_bf16_tn", list(EXTERN_PARAMS["extern:cublaslt_bf16_tn"]))
 
@@ -210,20 +210,7 @@ def _variants(mined: Mined, phase: str, role: str) -> list:
     return [(role, inst) for inst in mined.instances[(phase, role)]]
 
 
-def _own_reduce(cfg, mined: Mined, sha256: str) -> Instance:
-    """mine's segment combine as an instance of the decode's reduce role: the attention output's
-    row and head strides of the manifest's own layout, the head size and its power-of-two padding
-    (the 3D kernel's segment rows), the segments and the KV tile the 3D build was compiled with."""
-    from generators.qwen3.kernels import DECODE_TILE_BF16, MINE_REDUCE, MINE_REDUCE_SIZES
-
-    pad = 1 << (cfg.head_dim - 1).bit_length()
-    tile = min(DECODE_TILE_BF16, mined.block_size) if mined.block_size else DECODE_TILE_BF16
-    scalars = {5: ("const", "i64", cfg.q_size), 6: ("const", "i64", cfg.head_dim), 7: ("const", "i32", cfg.head_dim),
-               8: ("const", "i32", pad), 9: ("const", "i32", mined.segments), 10: ("const", "i32", tile)}
-    return Instance(MINE_REDUCE, MINE_REDUCE.match, sha256, 0, MINE_REDUCE_SIZES, (128, 1, 1), 0, [], scalars)
-
-
-def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1, own_reduce: str | None = None) -> dict:
+def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1) -> dict:
     """The ops of one phase. A batched manifest (max_seqs > 1) runs decode over the `seqs` var (one
     row a sequence) with the decode builds' row-following scalars read from prefill
     (`mined.batched_decode`); its attention is the captured split-KV pair at one sequence and the
@@ -251,19 +238,15 @@ def _ops(cfg, mined: Mined, phase: str, max_seqs: int = 1, own_reduce: str | Non
             # the segment scratch holds a row of segments per sequence (one query row each)
             seg = {k: n * max_seqs for k, n in seg.items()}
         elif batched:
-            # vLLM's reduce_segments build of a one-sequence capture was compiled for one sequence:
-            # Triton folds its unannotated num_seqs of 1 into the build (12 parameters; the build vLLM
-            # launches for several sequences takes 13: tests/fixtures/batched/q2b). The 3D attention
-            # takes its sequence count as a parameter and serves every count. So the captured pair
-            # runs at seqs 1, and above it the 3D attention with mine's own combine
-            # (kernels/src/mine_reduce.cu); the segment scratch holds a row per sequence.
-            if own_reduce is None:
-                raise WiringMismatch("a batched decode over a one-sequence capture needs mine's own segment "
-                                     "combine (kernels.toml module mine_reduce)")
-            seg = {k: n * max_seqs for k, n in seg.items()}
+            # vLLM's split-KV decode builds were compiled for one sequence: Triton folds an integer
+            # argument equal to 1 into the build, and reduce_segments' sequence count is one (its
+            # one-sequence build takes 12 parameters, the build vLLM launches for several sequences
+            # 13: tests/fixtures/batched/q2b). So they serve seqs 1 only, and above it the decode
+            # runs the prefill's one-pass attention build, whose sequence count is a parameter (what
+            # vLLM itself launches for decode batches past its split-KV threshold).
             one = {"var": "seqs", "min": 1, "max": 1}
-            split = (variants("d", "attn3d") + [(r, x, one) for r, x in variants("d", "reduce")]
-                     + [("reduce", _own_reduce(cfg, mined, own_reduce), {"var": "seqs", "min": 2})])
+            split = [(r, x, one) for r, x in split] + [("attn", x, {"var": "seqs", "min": 2})
+                                                        for _, x in variants("p", "attn")]
         ops["attn"] = Op("d.attn", split, seg, cfg, mined, T, S)
     return ops
 
@@ -340,14 +323,10 @@ def generate(cfg, mined: Mined, own: dict, chunk: int = 2048, label: str = "", m
     m["ops"]["d.embed"] = _own_op(own["embed"][1], Td)
     calls = {}
     for phase in ("p", "d"):
-        ops = _ops(cfg, mined, phase, max_seqs, own["reduce"][2]["sha256"] if "reduce" in own else None)
+        ops = _ops(cfg, mined, phase, max_seqs)
         for op in ops.values():
             for launch in op.json["impl"]["launches"]:
                 sha = launch.pop("_sha")
-                if "reduce" in own and sha == own["reduce"][2]["sha256"]:
-                    launch["module"] = own["reduce"][0]
-                    m["modules"][own["reduce"][0]] = own["reduce"][2]
-                    continue
                 launch["module"] = names[sha]
                 m["modules"][names[sha]] = {"source": f"{sha}.cubin", "sha256": sha}
             m["ops"][op.name] = op.json

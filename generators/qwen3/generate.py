@@ -27,8 +27,7 @@ from vocab.errors import RejectedManifest, UsageError
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS_TOML = ROOT / "kernels.toml"
 # this repository's own kernels the manifest launches: role -> (kernels.toml module, entry)
-OWN = {"embed": ("mine_embed", "mine_embed_rows"), "argmax": ("mine_argmax", "mine_argmax_rows"),
-       "reduce": ("mine_reduce", "mine_reduce_segments")}
+OWN = {"embed": ("mine_embed", "mine_embed_rows"), "argmax": ("mine_argmax", "mine_argmax_rows")}
 
 
 @dataclass

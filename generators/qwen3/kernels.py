@@ -67,17 +67,6 @@ ATTN3D = Family("kernel_unified_attention", 31, {
 REDUCE_SEQS = Family("reduce_segments", 13, {
     **{i: r for i, r in FAMILIES["reduce"].ptrs.items() if i < 5}, 10: ("cu_seqlens", "in", I32)},
     frozenset({6}), seqs=5, inserted=5)
-# mine's own combine for split-KV decode of a batch (kernels/src/mine_reduce.cu), for a capture that
-# shows reduce_segments only at one sequence: out, the three segment buffers, seq_lens, then
-# i64 out row / head strides, i32 head size, padded head size, segments, KV tile
-MINE_REDUCE = Family("mine_reduce_segments", 11, {
-    0: ("out", "out", BF16), 1: ("segm_out", "in", F32), 2: ("segm_max", "in", F32), 3: ("segm_expsum", "in", F32),
-    4: ("seq_lens", "in", I32)})
-MINE_REDUCE_SIZES = (8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4)
-# vLLM 0.26's decode KV tile for the split-KV pair (triton_unified_attention._get_tile_size): 16 for
-# 2-byte KV elements, at most the KV block size. A constexpr of both builds, so no launch shows it;
-# the segments the 3D kernel writes for a context follow from it (kernels/src/mine_reduce.cu).
-DECODE_TILE_BF16 = 16
 # tag -> the builds of other ABI lengths a tag's kernel has
 BUILDS = {"reduce": (FAMILIES["reduce"], REDUCE_SEQS)}
 
