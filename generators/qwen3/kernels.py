@@ -80,8 +80,8 @@ def family_of(tag_: str, role: str, n_params: int) -> Family:
 
 
 def base_index(fam: Family, i: int) -> int:
-    """Parameter i of a build as the index it has in the family's first ABI (None-free: the
-    inserted parameter itself maps to -1)."""
+    """Parameter i of a build as the index it has in the family's first ABI, so that one table of
+    model facts (`mined._expected`) serves both builds; the inserted parameter itself maps to -1."""
     if fam.inserted is None or i < fam.inserted:
         return i
     return -1 if i == fam.inserted else i - 1
