@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from common import finish  # noqa: E402
+from common import finish, kernel_table, kernel_us, per_kernel  # noqa: E402
 
 
 def _prompts(ckpt: str, c: int, n: int, seed: int = 11) -> list[list[int]]:
@@ -86,7 +86,6 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
 
 def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
     import torch
-    from bench_decode_vs_vllm import _kernel_us, _per_kernel, _table
     from torch.profiler import ProfilerActivity, profile
 
     from compare.batch import BatchHost, Row
@@ -132,11 +131,11 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
             for _ in range(20):
                 host.rt.run(setup.serving.decode, args)
             torch.cuda.synchronize()
-        busy = _kernel_us(prof)
+        busy = kernel_us(prof)
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing, "replay_step_us": replay_us,
                         "replay_tokens_per_s": c / replay_us * 1e6,
                         "replay_gpu_busy_us": None if busy is None else busy / 20,
-                        "replay_kernels": _table(_per_kernel(prof), None, 20, top=12)}
+                        "replay_kernels": kernel_table(per_kernel(prof), None, 20, top=12)}
     doc = {"engine": f"kern {mdir}", "groups": host.groups, "concurrency": rows,
            "graph": setup.m["programs"][setup.serving.decode].get("graph", False)}
     if long_len:

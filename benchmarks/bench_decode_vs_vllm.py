@@ -44,7 +44,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from common import finish  # noqa: E402
+from common import finish, kernel_table, kernel_us, per_kernel  # noqa: E402
 
 
 def _prompt(ckpt: str, n: int) -> list[int]:
@@ -52,47 +52,6 @@ def _prompt(ckpt: str, n: int) -> list[int]:
     from compare.record_vllm import seeded_prompts
 
     return seeded_prompts([n], int(checkpoint.config(Path(ckpt))["vocab_size"]), 11)[0]
-
-
-def _kernel_us(prof) -> float | None:
-    """Sum of the device-side event durations a torch.profiler run recorded (kernels, copies,
-    memsets), microseconds; None when this torch's profiler exposes neither form."""
-    from torch.autograd import DeviceType
-
-    try:
-        return float(sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA))
-    except (AttributeError, TypeError):
-        pass
-    try:
-        return float(sum(e.self_device_time_total for e in prof.key_averages()))
-    except (AttributeError, TypeError):
-        return None
-
-
-def _per_kernel(prof) -> dict[str, float] | None:
-    """kernel name -> device microseconds a torch.profiler run recorded for it (all its launches),
-    None when this torch's profiler exposes no device events."""
-    from torch.autograd import DeviceType
-
-    out: dict[str, float] = {}
-    try:
-        for e in prof.events():
-            if e.device_type == DeviceType.CUDA:
-                out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us()
-    except (AttributeError, TypeError):
-        return None
-    return out
-
-
-def _table(total: dict | None, base: dict | None, steps: int, top: int = 25) -> list | None:
-    """The per-step kernel table: (name, us a step, launches unknown) rows, largest first, of
-    `total` less `base` (a run with fewer steps) over `steps`."""
-    if total is None:
-        return None
-    base = base or {}
-    rows = [(k, (v - base.get(k, 0.0)) / steps) for k, v in total.items()]
-    rows = sorted((r for r in rows if r[1] > 0.05), key=lambda r: -r[1])
-    return [{"kernel": k[:160], "us_per_step": round(v, 2)} for k, v in rows[:top]]
 
 
 def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path, long_len: int = 0) -> None:
@@ -122,10 +81,10 @@ def run_vllm(ckpt: str, mode: str, plen: int, new: int, out: Path, long_len: int
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             gen(n)
             torch.cuda.synchronize()
-        busy[n], kernels[n] = _kernel_us(prof), _per_kernel(prof)
+        busy[n], kernels[n] = kernel_us(prof), per_kernel(prof)
     row = {"engine": f"vllm {mode}", "decode_step_us": statistics.median(runs),
            "decode_step_us_runs": runs, "gpu_busy_us": (busy[1 + new] - busy[1]) / new if None not in busy.values() else None,
-           "prompt_len": plen, "new": new, "decode_kernels": _table(kernels[1 + new], kernels[1], new)}
+           "prompt_len": plen, "new": new, "decode_kernels": kernel_table(kernels[1 + new], kernels[1], new)}
     if long_len:
         # time to first token of a long prompt, warm (median of 3 after one): prefill tokens/s
         long_ids = _prompt(ckpt, long_len)
@@ -193,9 +152,9 @@ def run_kern(ckpt: str, ref: str, mdir: str, plen: int, new: int, out: Path, lon
     graph = setup.m["programs"][s.decode].get("graph", False)
     row = {"engine": f"kern {mdir}", "decode_step_us": step, "context": ctx, "graph": graph,
            "decode_calls": len(setup.m["programs"][s.decode].get("calls", [])),
-           "host_loop_step_us": host_loop_us, **dev, "gpu_busy_us": (_kernel_us(prof) or 0) / 50 or None,
+           "host_loop_step_us": host_loop_us, **dev, "gpu_busy_us": (kernel_us(prof) or 0) / 50 or None,
            "prefill_ms": prefill_s * 1e3, "prefill_tokens": len(ids) - 1,
-           "decode_kernels": _table(_per_kernel(prof), None, 50)}
+           "decode_kernels": kernel_table(per_kernel(prof), None, 50)}
     if long_len and long_len <= s.max_len:
         # the long prompt through the prefill program in chunks of its rows, then its last token
         # through decode (what the first token costs), warm: median of 3 after one
