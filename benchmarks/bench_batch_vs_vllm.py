@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from common import finish, kernel_table, kernel_us, per_kernel  # noqa: E402
+from common import finish, gaps_before, kernel_table, kernel_us, per_kernel  # noqa: E402
 
 
 def _prompts(ckpt: str, c: int, n: int, seed: int = 11) -> list[list[int]]:
@@ -49,7 +49,19 @@ def _median_after_warmup(fn, runs: int = 3) -> float:
     return statistics.median(fn() for _ in range(runs))
 
 
-def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
+def _profiled(fn):
+    """fn() under torch.profiler (device activity only): (device us, kernel -> us, the profile)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return kernel_us(prof), per_kernel(prof), prof
+
+
+def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Path, long_len: int,
+             profile_at: list[int] = ()) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     from vllm import LLM, SamplingParams
@@ -70,6 +82,15 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
 
         t = _median_after_warmup(gen)
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t}
+        if c in profile_at:
+            # vLLM's decode step at this batch, device side: the c requests' new-token run less a
+            # one-token run of the same batch (prefill and start-up cancel), over new - 1 steps
+            one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+            b1, k1, _ = _profiled(lambda: llm.generate(batch, one, use_tqdm=False))
+            bn, kn, _ = _profiled(gen)
+            rows[str(c)].update(decode_gpu_busy_us=None if None in (b1, bn) else (bn - b1) / (new - 1),
+                                decode_kernels=kernel_table(kn, k1, new - 1, top=20),
+                                prefill_gpu_busy_us=b1, prefill_kernels=kernel_table(k1, None, 1, top=12))
     doc = {"engine": f"vllm {mode}", "concurrency": rows}
     if long_len:
         long_ids = _prompts(ckpt, 1, long_len, 12)[0]
@@ -81,10 +102,13 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
             return time.perf_counter() - t0
 
         doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3})
+        busy, kern_us, _ = _profiled(first)
+        doc.update(ttft_gpu_busy_us=busy, ttft_kernels=kernel_table(kern_us, None, 1, top=15))
     out.write_text(json.dumps(doc))
 
 
-def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: int, out: Path, long_len: int) -> None:
+def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: int, out: Path, long_len: int,
+             profile_at: list[int] = ()) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -132,10 +156,19 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
                 host.rt.run(setup.serving.decode, args)
             torch.cuda.synchronize()
         busy = kernel_us(prof)
+        gaps = gaps_before(prof)
+        if gaps:   # per step, as the other replay figures
+            gaps = {**gaps, "idle_us": gaps["idle_us"] / 20,
+                    "by_kernel": [{**g, "idle_before_us": round(g["idle_before_us"] / 20, 2)} for g in gaps["by_kernel"]]}
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing, "replay_step_us": replay_us,
                         "replay_tokens_per_s": c / replay_us * 1e6,
                         "replay_gpu_busy_us": None if busy is None else busy / 20,
-                        "replay_kernels": kernel_table(per_kernel(prof), None, 20, top=12)}
+                        "replay_kernels": kernel_table(per_kernel(prof), None, 20, top=12),
+                        "replay_idle": gaps}
+        if c in profile_at:   # the batch's packed prefill calls, device side
+            busy, kern_us, prof = _profiled(lambda: host.prefill_packed([(i, p[:-1]) for i, p in enumerate(prompts)]))
+            rows[str(c)].update(prefill_gpu_busy_us=busy, prefill_kernels=kernel_table(kern_us, None, 1, top=12),
+                                prefill_idle=gaps_before(prof, top=6))
     doc = {"engine": f"kern {mdir}", "groups": host.groups, "concurrency": rows,
            "graph": setup.m["programs"][setup.serving.decode].get("graph", False)}
     if long_len:
@@ -153,6 +186,9 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
 
         doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3,
                     "prefill_chunk_rows": setup.serving.chunk})
+        busy, kern_us, prof = _profiled(first)
+        doc.update(ttft_gpu_busy_us=busy, ttft_kernels=kernel_table(kern_us, None, 1, top=15),
+                   ttft_idle=gaps_before(prof))
     out.write_text(json.dumps(doc))
 
 
@@ -172,9 +208,11 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--long-prompt", type=int, default=0)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--profile-at", default="", help="concurrencies at which both engines' prefill and vLLM's decode step are profiled too (kernel tables)")
     a = ap.parse_args()
     conc = [int(x) for x in a.concurrency.split(",")]
-    common = {"ckpt": a.ckpt, "conc": conc, "plen": a.prompt_len, "new": a.new, "long_len": a.long_prompt}
+    common = {"ckpt": a.ckpt, "conc": conc, "plen": a.prompt_len, "new": a.new, "long_len": a.long_prompt,
+              "profile_at": [int(x) for x in a.profile_at.split(",") if x]}
     engines = {}
     if not a.skip_vllm:
         v = a.out.with_suffix(".vllm.json")

@@ -58,3 +58,31 @@ def kernel_table(total: dict | None, base: dict | None, steps: int, top: int = 2
     rows = [(k, (v - base.get(k, 0.0)) / steps) for k, v in total.items()]
     rows = sorted((r for r in rows if r[1] > 0.05), key=lambda r: -r[1])
     return [{"kernel": k[:160], "us_per_step": round(v, 2)} for k, v in rows[:top]]
+
+
+def gaps_before(prof, top: int = 12) -> dict | None:
+    """Where a profiled run's device sat idle: the device events in start order, and for each kernel
+    name the idle microseconds between the end of the event before it and its own start (summed
+    over the run, with its launch count), largest first, and the idle total. Overlapping events
+    count no gap. None when this torch's profiler exposes no device events. Why: a step longer
+    than its device time is either launch gaps spread evenly (every node pays the same) or a few
+    nodes that wait (a host node, a memset, a graph's join): the two call for different fixes."""
+    from torch.autograd import DeviceType
+
+    try:
+        ev = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA), key=lambda t: t[0])
+    except (AttributeError, TypeError):
+        return None
+    by: dict[str, list] = {}
+    idle, last_end = 0.0, None
+    for start, end, name in ev:
+        gap = 0.0 if last_end is None else max(0.0, start - last_end)
+        idle += gap
+        row = by.setdefault(name, [0.0, 0])
+        row[0] += gap
+        row[1] += 1
+        last_end = end if last_end is None else max(last_end, end)
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"idle_us": round(idle, 1), "events": len(ev),
+            "by_kernel": [{"kernel": k[:160], "idle_before_us": round(g, 1), "launches": n} for k, (g, n) in rows]}

@@ -36,7 +36,7 @@ for k, r in enumerate(d["requests"]):
     r["output"], r["top"] = r["output"][:n], r["top"][:n]
 json.dump(d, open("/tmp/ref_mixed.json", "w"))
 PY
-for s in 64 1; do
+for s in ${SEQS:-64 1}; do
   timeout $(left 30) python3 -m mine.cli gen qwen3 --dump $D --config $ck/config.json -o /tmp/g$s --weights $ck --max-seqs $s \
     --force > $OUT/gen$s.log 2>&1; el "gen --max-seqs $s rc=$?"; tail -2 $OUT/gen$s.log
 done
@@ -45,9 +45,11 @@ run_cmp() {  # NAME MANIFEST REF ARGS...
   timeout $(left 5) python3 -m mine.cli compare $m --weights $ck --reference $r "$@" --json $OUT/compare_$n.json \
     > $OUT/compare_$n.log 2>&1; el "compare $n rc=$?"; tail -3 $OUT/compare_$n.log; pack
 }
-run_cmp b16_mixed /tmp/g64 /tmp/ref_mixed.json --batch 16
-run_cmp one_seq /tmp/g1 /tmp/ref_hf.json --no-free-running
-run_cmp b1 /tmp/g64 /tmp/ref_hf.json --no-free-running
+if [ -z "${SKIP_CMP:-}" ]; then   # SKIP_CMP=1: the benchmark only
+  run_cmp b16_mixed /tmp/g64 /tmp/ref_mixed.json --batch 16
+  run_cmp one_seq /tmp/g1 /tmp/ref_hf.json --no-free-running
+  run_cmp b1 /tmp/g64 /tmp/ref_hf.json --no-free-running
+fi
 lt=$(left 10); el "kern throughput with $lt s"
 [ $lt -gt 40 ] && timeout $lt python3 benchmarks/bench_batch_vs_vllm.py $ck /tmp/ref_hf.json $OUT/bench_kern.json \
   --manifest /tmp/g64 ${BENCH_ARGS:---skip-vllm} --concurrency ${CONC:-1,8,32,64} --new 64 > $OUT/bench.log 2>&1
