@@ -7,7 +7,10 @@ batched manifest of the same checkpoint, on one GPU, in one run (issue 17).
 The request mix, the same for both engines: c prompts of `--prompt-len` tokens (seeded, a
 different draw per request) submitted together, each generating `--new` tokens (greedy, EOS
 ignored). The figure is c * new / wall time of the whole batch, prefill included, median of 3
-after a warm-up run of the same batch. Each engine runs in a child process of its own.
+after a warm-up run. Every run (warm-up, timed, profiled) draws new prompts, the same draws for
+both engines: before session 23 the runs repeated one batch, and vLLM's prefix cache (on by
+default) served the repeats' prompts from the warm-up's KV, so its figures left most of the
+prefill out where kern's did not. Each engine runs in a child process of its own.
 - vLLM: `LLM.generate` of the c requests at once (its scheduler batches them, chunked prefill on).
 - kern (`compare.batch.BatchHost`): the c prompts but their last tokens in packed prefill calls,
   then `new` decode steps of the c sequences a call with the loop on the device (the argmax of
@@ -37,16 +40,23 @@ sys.path.insert(0, str(HERE))
 from common import finish, gaps_before, kernel_table, kernel_us, per_kernel  # noqa: E402
 
 
-def _prompts(ckpt: str, c: int, n: int, seed: int = 11) -> list[list[int]]:
+def _prompts(ckpt: str, c: int, n: int, run: int = 0, seed: int = 11) -> list[list[int]]:
+    """c seeded prompts of n tokens for timed run `run`: every run draws new ones, so an engine that
+    caches prefixes (vLLM's default) finds nothing of an earlier run to reuse, as a server fed new
+    requests would; both engines get the same draws."""
     from compare import checkpoint
     from compare.record_vllm import seeded_prompts
 
-    return seeded_prompts([n] * c, int(checkpoint.config(Path(ckpt))["vocab_size"]), seed)
+    return seeded_prompts([n] * c, int(checkpoint.config(Path(ckpt))["vocab_size"]), seed + 7919 * run + 104729 * c)
 
 
 def _median_after_warmup(fn, runs: int = 3) -> float:
-    fn()
-    return statistics.median(fn() for _ in range(runs))
+    """fn(run) for a warm-up (run 0) and `runs` timed runs (1..runs): their median."""
+    fn(0)
+    return statistics.median(fn(i) for i in range(1, runs + 1))
+
+
+PROFILED_RUN = 9   # the run index the profiled passes draw their prompts with (none timed uses it)
 
 
 def _profiled(fn):
@@ -71,9 +81,8 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
     sp = SamplingParams(max_tokens=new, temperature=0.0, detokenize=False, ignore_eos=True)
     rows = {}
     for c in conc:
-        batch = [{"prompt_token_ids": p} for p in _prompts(ckpt, c, plen)]
-
-        def gen():
+        def gen(run):
+            batch = [{"prompt_token_ids": p} for p in _prompts(ckpt, c, plen, run)]
             t0 = time.perf_counter()
             outs = llm.generate(batch, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
@@ -84,25 +93,32 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t}
         if c in profile_at:
             # vLLM's decode step at this batch, device side: the c requests' new-token run less a
-            # one-token run of the same batch (prefill and start-up cancel), over new - 1 steps
+            # one-token run of a batch of as many fresh prompts (prefill and start-up cancel), over
+            # new - 1 steps
             one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
-            b1, k1, _ = _profiled(lambda: llm.generate(batch, one, use_tqdm=False))
-            bn, kn, _ = _profiled(gen)
+            first_batch = [{"prompt_token_ids": p} for p in _prompts(ckpt, c, plen, PROFILED_RUN + 1)]
+            b1, k1, _ = _profiled(lambda: llm.generate(first_batch, one, use_tqdm=False))
+            bn, kn, pn = _profiled(lambda: gen(PROFILED_RUN))
+            gaps = gaps_before(pn)
             rows[str(c)].update(decode_gpu_busy_us=None if None in (b1, bn) else (bn - b1) / (new - 1),
                                 decode_kernels=kernel_table(kn, k1, new - 1, top=20),
-                                prefill_gpu_busy_us=b1, prefill_kernels=kernel_table(k1, None, 1, top=12))
+                                prefill_gpu_busy_us=b1, prefill_kernels=kernel_table(k1, None, 1, top=12),
+                                # idle before each kernel over the whole profiled run (its host
+                                # gaps between steps included), per decode step
+                                decode_idle=gaps and {**gaps, "idle_us": gaps["idle_us"] / new, "by_kernel": [
+                                    {**g, "idle_before_us": round(g["idle_before_us"] / new, 2)} for g in gaps["by_kernel"]]})
     doc = {"engine": f"vllm {mode}", "concurrency": rows}
     if long_len:
-        long_ids = _prompts(ckpt, 1, long_len, 12)[0]
         one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
 
-        def first():
+        def first(run):
+            long_ids = _prompts(ckpt, 1, long_len, run, 12)[0]
             t0 = time.perf_counter()
             llm.generate([{"prompt_token_ids": long_ids}], one, use_tqdm=False)
             return time.perf_counter() - t0
 
         doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3})
-        busy, kern_us, _ = _profiled(first)
+        busy, kern_us, _ = _profiled(lambda: first(PROFILED_RUN))
         doc.update(ttft_gpu_busy_us=busy, ttft_kernels=kernel_table(kern_us, None, 1, top=15))
     out.write_text(json.dumps(doc))
 
@@ -123,10 +139,10 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
         if c > host.groups:
             rows[str(c)] = {"error": f"the decode program runs at most {host.groups} sequences a call"}
             continue
-        prompts = _prompts(ckpt, c, plen)
         timing = {}
 
-        def batch():
+        def batch(run):
+            prompts = _prompts(ckpt, c, plen, run)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             calls = host.prefill_packed([(i, p[:-1]) for i, p in enumerate(prompts)])
@@ -166,6 +182,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
                         "replay_kernels": kernel_table(per_kernel(prof), None, 20, top=12),
                         "replay_idle": gaps}
         if c in profile_at:   # the batch's packed prefill calls, device side
+            prompts = _prompts(ckpt, c, plen, PROFILED_RUN)
             busy, kern_us, prof = _profiled(lambda: host.prefill_packed([(i, p[:-1]) for i, p in enumerate(prompts)]))
             rows[str(c)].update(prefill_gpu_busy_us=busy, prefill_kernels=kernel_table(kern_us, None, 1, top=12),
                                 prefill_idle=gaps_before(prof, top=6))
@@ -174,10 +191,10 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
     if long_len:
         from compare.batch import Layout
 
-        long_ids = _prompts(ckpt, 1, long_len, 12)[0]
         host.layout = Layout.for_context(long_len, host.layout.block, host.layout.width)   # sequence 0 alone
 
-        def first():
+        def first(run):
+            long_ids = _prompts(ckpt, 1, long_len, run, 12)[0]
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             host.prefill_packed([(0, long_ids[:-1])])
@@ -186,7 +203,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
 
         doc.update({"long_prompt": long_len, "ttft_ms": _median_after_warmup(first) * 1e3,
                     "prefill_chunk_rows": setup.serving.chunk})
-        busy, kern_us, prof = _profiled(first)
+        busy, kern_us, prof = _profiled(lambda: first(PROFILED_RUN))
         doc.update(ttft_gpu_busy_us=busy, ttft_kernels=kernel_table(kern_us, None, 1, top=15),
                    ttft_idle=gaps_before(prof))
     out.write_text(json.dumps(doc))
