@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from compiler import buffers, emit, facts, graph_programs, input_fills, inputs, programs
+from compiler import buffers, emit, facts, graph_programs, input_fills, inputs, programs, restaged
 from compiler.errors import CompileError, ProgramError
 from vocab.dumps import dumps
 from vocab.errors import RejectedManifest
@@ -171,6 +171,8 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
     if model is not None:
         notes += input_fills.by_vocabulary(decls, layouts, progs, fwds, model.vocab, assigned, floats)
     notes += input_fills.merge(decls, layouts, assigned)
+    rewritten = restaged.find(progs, layouts, decls, doc)
+    notes += restaged.notes(rewritten) + restaged.across(progs, layouts, decls)
     label_ = f"compiled (mine compile {VERSION}; capture {label})" if label else f"compiled (mine compile {VERSION})"
     m, em = emit.manifest(progs, layouts, decls, doc, label_, model)
     wb = None
@@ -200,6 +202,8 @@ def _compile_programs(dump, doc, progs, notes, dropped, label, requests, weights
     prov = provenance(progs, layouts, decls, doc, notes + em.notes)
     prov["graphs"] = graph_entries  # each CUDA graph exec: the program holding it, or why none (graph_programs)
     prov["splits"] = em.splits      # calls launched by row range (compiler.builds): builds, ranges, open gaps
+    if rewritten:
+        prov["restaged"] = [r.to_json() for r in rewritten]   # reads a left-out launch's rewrite feeds (compiler.restaged)
     prov["inputs"] = {"manifest": {a.name: {"fill": a.fill, "dtype": a.dtype, "because": a.because} for a in assigned},
                       "by_kind": [e.to_json() for e in entries],
                       "requests": None if requests is None else requests.source,

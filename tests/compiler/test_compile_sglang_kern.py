@@ -12,7 +12,12 @@ log-probabilities (examples/sglang_qwen3/run_serve.py --reference --snapshot). W
   (kern `fill`s); the sampler's top-k after the logits, which reads bytes a memset cleared, is not
   part of the program and stops nothing (before, the whole compile was refused for it);
 - what is not named yet is said: the inputs without a fill (SGLang's slots, request-pool index and
-  its token table arrive through device-side buffers that one-token decode steps do not tell apart).
+  its token table arrive through device-side buffers that one-token decode steps do not tell apart);
+- what the manifest passes wrong is said (compiler.restaged, session 23's findings in
+  tests/gpu_results/session23_sglang_findings.md): the decode's left-out scheduler launches
+  rewrite the sequence length (seq_lens + 1) and the positions (clamp_position) between its calls,
+  over addresses earlier calls used, so the graph's copy reads the earlier bytes; and the
+  request-to-token table the prefill writes is a workspace of each program, dead between runs.
 """
 
 from __future__ import annotations
@@ -73,9 +78,42 @@ def test_token_and_length_inputs_are_named(compiled):
     named = {b["fill"] for b in res.manifest["buffers"].values() if b["kind"] == "input" and b.get("fill")}
     assert {"token", "seq_len"} <= named
     unnamed = [n for n, b in res.manifest["buffers"].items() if b["kind"] == "input" and not b.get("fill")]
+    # session 23: naming them would not make the manifest servable (test_what_the_manifest_passes_wrong_is_said)
     assert unnamed, "SGLang's slots and request-pool tables are not named yet; a change that names them updates this"
+    assert "position" not in named
 
 
 def test_the_samplers_memset_read_after_the_logits_stops_nothing(compiled):
     res, _ = compiled
     assert any("launches after the logits read bytes a memset cleared" in n for n in res.notes)
+
+
+def test_what_the_manifest_passes_wrong_is_said(compiled):
+    """The decode's graph copy (call 2, a foreach copy into the graph's static inputs) reads the
+    positions at param 0@8 and the sequence lengths at @32 after left-out launches rewrote them
+    (clamp_position over the block call 0's slot copy used; seq_lens + 1 over the lengths call 1
+    indexed the table with): both are recorded with the launch that rewrote them and the call
+    that used the address before."""
+    res, _ = compiled
+    got = {(r["program"], r["call"], r["at"]): r for r in res.provenance["restaged"]}
+    assert set(got) == {("decode", 2, 8), ("decode", 2, 32)}
+    pos, lens = got[("decode", 2, 8)], got[("decode", 2, 32)]
+    assert "clamp_position" in pos["rewritten_by"][1] and pos["used_before_by_call"] == 0
+    assert pos["passed"] == ["decode.ws.2", "workspace"]
+    assert "CUDAFunctorOnSelf_add" in lens["rewritten_by"][1] and lens["used_before_by_call"] == 1
+    assert lens["passed"] == ["seq_len", "input"]
+    assert any(n.startswith("decode: 2 word(s) read bytes a left-out launch rewrote") for n in res.notes)
+
+
+def test_the_table_the_prefill_writes_for_the_decode_is_said(compiled):
+    """write_req_to_token_pool_triton (prefill call 0) writes the request's row of the table and no
+    later prefill call reads it; the decode reads the same address (its own index_put writes one
+    entry, create_flashinfer_kv_indices_triton reads the row): a workspace in each program, dead
+    between runs, which the note says."""
+    res, _ = compiled
+    m = res.manifest
+    assert m["programs"]["prefill"]["calls"][0]["op"].endswith("write_req_to_token_pool_triton")
+    table = [n for n in res.notes if "dead between runs" in n]
+    assert len(table) == 1 and table[0].startswith("prefill writes prefill.ws.4 ")
+    assert "decode reads the same address as decode.ws.3" in table[0]
+    assert m["buffers"]["prefill.ws.4"]["kind"] == m["buffers"]["decode.ws.3"]["kind"] == "workspace"
