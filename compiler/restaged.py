@@ -66,6 +66,8 @@ def find(progs, layouts: dict, decls: dict, doc) -> list[Restaged]:
                 for (step, i, at), u in order:
                     if step < x.pos or u.value != w.value:
                         continue
+                    if (step, i, at) not in lay.where:
+                        continue
                     kind, name, _ = lay.where[(step, i, at)]
                     d = decls.get(name)
                     dkind = "state" if kind == "state" else (d.kind if d is not None else "")
@@ -109,6 +111,8 @@ def across(progs, layouts: dict, decls: dict) -> list[str]:
         lay = layouts[p.name]
         seen, rd = {}, {}
         for key, u in sorted(lay.uses.items()):
+            if key not in lay.where:
+                continue
             kind, name, _ = lay.where[key]
             d = decls.get(name)
             if kind != "buf" or d is None or d.kind != "workspace" or not _fixed(p, key, u.value):
