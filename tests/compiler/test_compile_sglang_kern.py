@@ -14,7 +14,7 @@ log-probabilities (examples/sglang_qwen3/run_serve.py --reference --snapshot). W
 - what is not named yet is said: the inputs without a fill (SGLang's slots, request-pool index and
   its token table arrive through device-side buffers that one-token decode steps do not tell apart);
 - what the manifest passes wrong is said (compiler.restaged, session 23's findings in
-  tests/gpu_results/session23_sglang_findings.md): the decode's left-out scheduler launches
+  tests/gpu_results/session23/sglang_findings.md): the decode's left-out scheduler launches
   rewrite the sequence length (seq_lens + 1) and the positions (clamp_position) between its calls,
   over addresses earlier calls used, so the graph's copy reads the earlier bytes; and the
   request-to-token table the prefill writes is a workspace of each program, dead between runs.

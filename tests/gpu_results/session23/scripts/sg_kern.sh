@@ -8,7 +8,7 @@
 #   2. mine compile with the fixture's flow, contents, requests and config, and --weights CKPT;
 #   3. mine compare OUT --weights CKPT --reference REF --json, prefill through decode
 #      (--prefill-rows 0) and in full.
-# Expected today (session 23, tests/gpu_results/session23_sglang_findings.md): step 2 refuses with
+# Expected today (session 23, tests/gpu_results/session23/sglang_findings.md): step 2 refuses with
 # --weights, because the packed fixture holds no snapshot of the device memory (session 21 packed
 # the dump without snapshot.jsonl and its bytes), so no weight buffer can be bound by content; the
 # script then compiles without --weights (every weight stays `capture.<name>`) and step 3 refuses
