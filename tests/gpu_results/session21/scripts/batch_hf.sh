@@ -45,7 +45,9 @@ run_cmp() {  # NAME MANIFEST REF ARGS...
   timeout $(left 5) python3 -m mine.cli compare $m --weights $ck --reference $r "$@" --json $OUT/compare_$n.json \
     > $OUT/compare_$n.log 2>&1; el "compare $n rc=$?"; tail -3 $OUT/compare_$n.log; pack
 }
-if [ -z "${SKIP_CMP:-}" ]; then   # SKIP_CMP=1: the benchmark only
+if [ -n "${ONLY_B16:-}" ]; then   # ONLY_B16=1: the batched compare alone (then the benchmark)
+  run_cmp b16_mixed /tmp/g64 /tmp/ref_mixed.json --batch 16
+elif [ -z "${SKIP_CMP:-}" ]; then   # SKIP_CMP=1: the benchmark only
   run_cmp b16_mixed /tmp/g64 /tmp/ref_mixed.json --batch 16
   run_cmp one_seq /tmp/g1 /tmp/ref_hf.json --no-free-running
   run_cmp b1 /tmp/g64 /tmp/ref_hf.json --no-free-running

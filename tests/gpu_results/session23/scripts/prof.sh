@@ -10,6 +10,6 @@ mkdir -p /tmp/vllm-site && cat /tmp/kit/v.aa KIT2/b/v.ab | tar xJ -C /tmp/vllm-s
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vllm-deps KIT2/b/d/*.whl > $OUT/b_pip.log 2>&1; el "pip b rc=$?"
 export PYTHONPATH=/tmp/vllm-site:/tmp/vllm-deps:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
 [ -n "${PROBE:-}" ] && { timeout 120 bash tests/gpu_results/session23/scripts/probe.sh; el "probe"; }
-NO_PIP=1 SKIP_CMP=1 SEQS=64 LENGTHS=${LENGTHS:-1,17,175} CK=/tmp/ck CALL_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) )) \
+NO_PIP=1 SKIP_CMP=1 ONLY_B16=${ONLY_B16:-} SEQS=64 CK=/tmp/ck CALL_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) )) \
   BENCH_ARGS="--mode default --long-prompt 2048 --profile-at ${PROF_AT:-64}" CONC=${CONC:-1,8,32,64} \
   bash tests/gpu_results/session21/scripts/batch_hf.sh
