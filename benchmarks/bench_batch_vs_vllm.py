@@ -99,14 +99,13 @@ def run_vllm(ckpt: str, mode: str, conc: list[int], plen: int, new: int, out: Pa
             first_batch = [{"prompt_token_ids": p} for p in _prompts(ckpt, c, plen, PROFILED_RUN + 1)]
             b1, k1, _ = _profiled(lambda: llm.generate(first_batch, one, use_tqdm=False))
             bn, kn, pn = _profiled(lambda: gen(PROFILED_RUN))
-            gaps = gaps_before(pn)
+            gaps = gaps_before(pn, steps=new)
             rows[str(c)].update(decode_gpu_busy_us=None if None in (b1, bn) else (bn - b1) / (new - 1),
                                 decode_kernels=kernel_table(kn, k1, new - 1, top=20),
                                 prefill_gpu_busy_us=b1, prefill_kernels=kernel_table(k1, None, 1, top=12),
                                 # idle before each kernel over the whole profiled run (its host
                                 # gaps between steps included), per decode step
-                                decode_idle=gaps and {**gaps, "idle_us": gaps["idle_us"] / new, "by_kernel": [
-                                    {**g, "idle_before_us": round(g["idle_before_us"] / new, 2)} for g in gaps["by_kernel"]]})
+                                decode_idle=gaps)
     doc = {"engine": f"vllm {mode}", "concurrency": rows}
     if long_len:
         one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
@@ -172,10 +171,7 @@ def run_kern(ckpt: str, ref: str, mdir: str, conc: list[int], plen: int, new: in
                 host.rt.run(setup.serving.decode, args)
             torch.cuda.synchronize()
         busy = kernel_us(prof)
-        gaps = gaps_before(prof)
-        if gaps:   # per step, as the other replay figures
-            gaps = {**gaps, "idle_us": gaps["idle_us"] / 20,
-                    "by_kernel": [{**g, "idle_before_us": round(g["idle_before_us"] / 20, 2)} for g in gaps["by_kernel"]]}
+        gaps = gaps_before(prof, steps=20)   # per step, as the other replay figures
         rows[str(c)] = {"wall_s": t, "tokens_per_s": c * new / t, **timing, "replay_step_us": replay_us,
                         "replay_tokens_per_s": c / replay_us * 1e6,
                         "replay_gpu_busy_us": None if busy is None else busy / 20,

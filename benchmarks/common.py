@@ -60,7 +60,7 @@ def kernel_table(total: dict | None, base: dict | None, steps: int, top: int = 2
     return [{"kernel": k[:160], "us_per_step": round(v, 2)} for k, v in rows[:top]]
 
 
-def gaps_before(prof, top: int = 12) -> dict | None:
+def gaps_before(prof, top: int = 12, steps: int = 1) -> dict | None:
     """Where a profiled run's device sat idle: the device events in start order, and for each kernel
     name the idle microseconds between the end of the event before it and its own start (summed
     over the run, with its launch count), largest first, and the idle total. Overlapping events
@@ -84,5 +84,7 @@ def gaps_before(prof, top: int = 12) -> dict | None:
         row[1] += 1
         last_end = end if last_end is None else max(last_end, end)
     rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"idle_us": round(idle, 1), "events": len(ev),
-            "by_kernel": [{"kernel": k[:160], "idle_before_us": round(g, 1), "launches": n} for k, (g, n) in rows]}
+    # `steps` > 1: the run was that many steps; every figure is per step
+    return {"idle_us": round(idle / steps, 1), "events": len(ev) // steps,
+            "by_kernel": [{"kernel": k[:160], "idle_before_us": round(g / steps, 2), "launches": n // steps}
+                          for k, (g, n) in rows]}

@@ -96,11 +96,7 @@ def _measure(torch, step, graph: bool) -> dict:
             run()
         torch.cuda.synchronize()
     busy = kernel_us(prof)
-    gaps = gaps_before(prof)
-    if gaps:
-        gaps = {**gaps, "idle_us": round(gaps["idle_us"] / 20, 1),
-                "by_kernel": [{**g, "idle_before_us": round(g["idle_before_us"] / 20, 2),
-                               "launches": g["launches"] // 20} for g in gaps["by_kernel"]]}
+    gaps = gaps_before(prof, steps=20)
     return {"step_us": round(step_us, 1), "gpu_busy_us": None if busy is None else round(busy / 20, 1),
             "idle": gaps, "kernels": kernel_table(per_kernel(prof), None, 20, top=10)}
 
